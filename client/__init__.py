@@ -1,0 +1,1 @@
+"""Client library for inference workers (built on redis-py)."""

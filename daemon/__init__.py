@@ -1,0 +1,1 @@
+"""The pfxcached daemon: a trio server around the store."""

@@ -1,0 +1,106 @@
+"""Per-connection client state, and the registry of connected clients.
+
+This is the state ``CLIENT LIST``/``CLIENT INFO`` show and ``CLIENT KILL``
+acts on. It knows nothing of sockets: the connection task owns the socket and
+gives the client a ``kill`` callback that cancels it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator
+
+
+class Client:
+    """One connected client, as Redis describes it in ``CLIENT LIST``."""
+
+    __slots__ = (
+        "id",
+        "addr",
+        "laddr",
+        "fd",
+        "name",
+        "lib_name",
+        "lib_ver",
+        "resp",
+        "db",
+        "user",
+        "authenticated",
+        "created",
+        "last_interaction",
+        "last_command",
+        "close_after_reply",
+        "busy",
+        "is_unix",
+        "query_buffered",
+        "kill",
+        "server",
+    )
+
+    def __init__(self, client_id: int, addr: str, laddr: str, fd: int, *, is_unix: bool = False) -> None:
+        now = time.monotonic()
+        self.id = client_id
+        self.addr = addr
+        self.laddr = laddr
+        self.fd = fd
+        self.name = ""
+        self.lib_name = ""
+        self.lib_ver = ""
+        self.resp = 2
+        self.db = 0
+        self.user = "default"
+        self.authenticated = False
+        self.created = now
+        self.last_interaction = now
+        self.last_command = "NULL"
+        #: Set by a handler (QUIT, a protocol error) to close once the reply is written.
+        self.close_after_reply = False
+        #: True while the connection runs commands; shutdown lets those finish.
+        self.busy = False
+        self.is_unix = is_unix
+        self.query_buffered = 0
+        #: Cancels the connection task (set by the connection).
+        self.kill: Callable[[], None] = lambda: None
+        self.server = None
+
+    def describe(self) -> str:
+        """The ``CLIENT LIST`` line for this client (Redis 7.2 field order)."""
+        now = time.monotonic()
+        return (
+            f"id={self.id} addr={self.addr} laddr={self.laddr} fd={self.fd} name={self.name} "
+            f"age={int(now - self.created)} idle={int(now - self.last_interaction)} "
+            f"flags={'U' if self.is_unix else 'N'} db={self.db} sub=0 psub=0 ssub=0 multi=-1 "
+            f"qbuf={self.query_buffered} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=16384 rbp=0 "
+            f"obl=0 oll=0 omem=0 tot-mem={self.query_buffered} events=r cmd={self.last_command} "
+            f"user={self.user} redir=-1 resp={self.resp} lib-name={self.lib_name} lib-ver={self.lib_ver}"
+        )
+
+
+class ClientRegistry:
+    """The connected clients, by id. Ids grow from 1 and are never reused."""
+
+    __slots__ = ("_clients", "_next_id")
+
+    def __init__(self) -> None:
+        self._clients: dict[int, Client] = {}
+        self._next_id = 1
+
+    def new_id(self) -> int:
+        client_id = self._next_id
+        self._next_id += 1
+        return client_id
+
+    def add(self, client: Client) -> None:
+        self._clients[client.id] = client
+
+    def remove(self, client: Client) -> None:
+        self._clients.pop(client.id, None)
+
+    def get(self, client_id: int) -> Client | None:
+        return self._clients.get(client_id)
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    def __iter__(self) -> Iterator[Client]:
+        return iter(list(self._clients.values()))

@@ -1,0 +1,349 @@
+"""Connection commands: PING, ECHO, HELLO, AUTH, SELECT, QUIT, RESET, CLIENT.
+
+Replies and error texts are redis-server 7.0's (CLIENT SETINFO and NO-TOUCH
+are 7.2's); the differential tests compare them byte for byte.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from pfxcache.protocol.replies import OK, PONG, Error, SimpleString, Verbatim
+
+from . import handles
+
+SYNTAX_ERROR = Error("ERR syntax error")
+NOT_AN_INTEGER = Error("ERR value is not an integer or out of range")
+WRONGPASS = Error("WRONGPASS invalid username-password pair or user is disabled.")
+NAME_ERROR = Error("ERR Client names cannot contain spaces, newlines or special characters.")
+
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+LLONG_MIN, LLONG_MAX = -(2**63), 2**63 - 1
+
+
+def parse_integer(raw: bytes, low: int = LLONG_MIN, high: int = LLONG_MAX) -> int | None:
+    """Redis's string2ll: an exact decimal integer in [low, high], else None."""
+    if not raw or len(raw) > 20 or raw != raw.strip() or raw[:1] == b"+":
+        return None
+    if (raw[:1] == b"0" and len(raw) > 1) or raw[:2] == b"-0":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return value if low <= value <= high else None
+
+
+def arity_error(fullname: str) -> Error:
+    return Error(f"ERR wrong number of arguments for '{fullname}' command")
+
+
+def _valid_name(raw: bytes) -> bool:
+    # Redis allows printable ASCII without spaces: '!' (33) to '~' (126).
+    return all(33 <= byte <= 126 for byte in raw)
+
+
+def authenticate(ctx: Any, username: bytes, password: bytes) -> bool:
+    """Check a user/password pair and mark the client authenticated on success."""
+    required = ctx.server.config["requirepass"]
+    if username.lower() != b"default":
+        return False
+    if required and not hmac.compare_digest(password, required.encode()):
+        return False
+    ctx.client.authenticated = True
+    ctx.client.user = "default"
+    return True
+
+
+@handles("ping")
+def ping(ctx: Any, argv: list[bytes]) -> Any:
+    if len(argv) > 2:
+        return arity_error("ping")
+    return PONG if len(argv) == 1 else argv[1]
+
+
+@handles("echo")
+def echo(ctx: Any, argv: list[bytes]) -> Any:
+    return argv[1]
+
+
+@handles("hello")
+def hello(ctx: Any, argv: list[bytes]) -> Any:
+    client = ctx.client
+    version = 0
+    position = 1
+    if len(argv) >= 2:
+        version = parse_integer(argv[1])
+        position = 2
+        if version is None:
+            return Error("ERR Protocol version is not an integer or out of range")
+        if version not in (2, 3):
+            return Error("NOPROTO unsupported protocol version")
+    while position < len(argv):
+        option = argv[position].lower()
+        remaining = len(argv) - 1 - position
+        if option == b"auth" and remaining >= 2:
+            if not authenticate(ctx, argv[position + 1], argv[position + 2]):
+                return WRONGPASS
+            position += 3
+        elif option == b"setname" and remaining >= 1:
+            if not _valid_name(argv[position + 1]):
+                return NAME_ERROR
+            client.name = argv[position + 1].decode()
+            position += 2
+        else:
+            return Error(f"ERR Syntax error in HELLO option '{argv[position].decode('utf-8', 'replace')}'")
+    if not client.authenticated and ctx.server.auth_required:
+        return Error(
+            "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO AUTH "
+            "<user> <pass> option can be used to authenticate the client and select the RESP protocol "
+            "version at the same time"
+        )
+    if version:
+        client.resp = version
+    return {
+        "server": "redis",
+        "version": ctx.server.redis_version,
+        "proto": client.resp,
+        "id": client.id,
+        "mode": "standalone",
+        "role": "master",
+        "modules": [],
+    }
+
+
+@handles("auth")
+def auth(ctx: Any, argv: list[bytes]) -> Any:
+    if len(argv) > 3:
+        return SYNTAX_ERROR
+    if len(argv) == 2:
+        if not ctx.server.auth_required:
+            return Error(
+                "ERR AUTH <password> called without any password configured for the default user. "
+                "Are you sure your configuration is correct?"
+            )
+        username, password = b"default", argv[1]
+    else:
+        username, password = argv[1], argv[2]
+    return OK if authenticate(ctx, username, password) else WRONGPASS
+
+
+@handles("select")
+def select(ctx: Any, argv: list[bytes]) -> Any:
+    index = parse_integer(argv[1], INT_MIN, INT_MAX)
+    if index is None:
+        return NOT_AN_INTEGER
+    if index != 0:
+        return Error("ERR DB index is out of range")
+    ctx.client.db = 0
+    return OK
+
+
+@handles("quit")
+def quit_(ctx: Any, argv: list[bytes]) -> Any:
+    ctx.client.close_after_reply = True
+    return OK
+
+
+@handles("reset")
+def reset(ctx: Any, argv: list[bytes]) -> Any:
+    client = ctx.client
+    client.resp = 2
+    client.db = 0
+    client.name = ""
+    client.user = "default"
+    client.authenticated = not ctx.server.auth_required
+    return SimpleString("RESET")
+
+
+# -- CLIENT -----------------------------------------------------------------------
+
+CLIENT_HELP = [
+    "CLIENT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "GETNAME",
+    "    Return the name of the current connection.",
+    "ID",
+    "    Return the ID of the current connection.",
+    "INFO",
+    "    Return information about the current client connection.",
+    "KILL <ip:port>",
+    "    Kill connection made from <ip:port>.",
+    "KILL <option> <value> [<option> <value> [...]]",
+    "    Kill connections. Options are:",
+    "    * ADDR (<ip:port>|<unixsocket>:0)",
+    "      Kill connections made from the specified address",
+    "    * LADDR (<ip:port>|<unixsocket>:0)",
+    "      Kill connections made to specified local address",
+    "    * TYPE (NORMAL|MASTER|REPLICA|PUBSUB)",
+    "      Kill connections by type.",
+    "    * USER <username>",
+    "      Kill connections authenticated by <username>.",
+    "    * SKIPME (YES|NO)",
+    "      Skip killing current connection (default: yes).",
+    "    * ID <client-id>",
+    "      Kill connections by client id.",
+    "LIST [options ...]",
+    "    Return information about client connections. Options:",
+    "    * TYPE (NORMAL|MASTER|REPLICA|PUBSUB)",
+    "      Return clients of specified type.",
+    "NO-EVICT (ON|OFF)",
+    "    Protect current client connection from eviction.",
+    "NO-TOUCH (ON|OFF)",
+    "    Will not touch LRU/LFU stats when this mode is on.",
+    "SETNAME <name>",
+    "    Assign the name <name> to the current connection.",
+    "SETINFO <LIB-NAME|LIB-VER> <value>",
+    "    Set client meta attr. Options are:",
+    "    * LIB-NAME: the client lib name.",
+    "    * LIB-VER: the client lib version.",
+    "HELP",
+    "    Print this help.",
+]
+
+
+@handles("client|help")
+def client_help(ctx: Any, argv: list[bytes]) -> Any:
+    return [SimpleString(line) for line in CLIENT_HELP]
+
+
+@handles("client|id")
+def client_id(ctx: Any, argv: list[bytes]) -> Any:
+    return ctx.client.id
+
+
+@handles("client|getname")
+def client_getname(ctx: Any, argv: list[bytes]) -> Any:
+    return ctx.client.name or None
+
+
+@handles("client|setname")
+def client_setname(ctx: Any, argv: list[bytes]) -> Any:
+    if not _valid_name(argv[2]):
+        return NAME_ERROR
+    ctx.client.name = argv[2].decode()
+    return OK
+
+
+@handles("client|setinfo")
+def client_setinfo(ctx: Any, argv: list[bytes]) -> Any:
+    attribute = argv[2].lower()
+    if attribute not in (b"lib-name", b"lib-ver"):
+        return Error(f"ERR Unrecognized option '{argv[2].decode('utf-8', 'replace')}'")
+    if not _valid_name(argv[3]):
+        return Error(f"ERR {attribute.decode()} cannot contain spaces, newlines or special characters.")
+    if attribute == b"lib-name":
+        ctx.client.lib_name = argv[3].decode()
+    else:
+        ctx.client.lib_ver = argv[3].decode()
+    return OK
+
+
+def _client_type_matches(kind: bytes) -> bool | None:
+    """Every client here is a normal one; None for an unknown type name."""
+    kind = kind.lower()
+    if kind in (b"normal",):
+        return True
+    if kind in (b"master", b"replica", b"slave", b"pubsub"):
+        return False
+    return None
+
+
+@handles("client|list")
+def client_list(ctx: Any, argv: list[bytes]) -> Any:
+    clients = list(ctx.server.clients)
+    position = 2
+    while position < len(argv):
+        option = argv[position].lower()
+        if option == b"type" and position + 1 < len(argv):
+            matches = _client_type_matches(argv[position + 1])
+            if matches is None:
+                return Error(f"ERR Unknown client type '{argv[position + 1].decode('utf-8', 'replace')}'")
+            if not matches:
+                clients = []
+            position += 2
+        elif option == b"id" and position + 1 < len(argv):
+            wanted = set()
+            for raw in argv[position + 1 :]:
+                client_id = parse_integer(raw)
+                if client_id is None or client_id <= 0:
+                    return Error("ERR Invalid client ID")
+                wanted.add(client_id)
+            clients = [client for client in clients if client.id in wanted]
+            position = len(argv)
+        else:
+            return SYNTAX_ERROR
+    return Verbatim("".join(client.describe() + "\n" for client in clients))
+
+
+@handles("client|info")
+def client_info(ctx: Any, argv: list[bytes]) -> Any:
+    return Verbatim(ctx.client.describe() + "\n")
+
+
+@handles("client|kill")
+def client_kill(ctx: Any, argv: list[bytes]) -> Any:
+    me = ctx.client
+    if len(argv) == 3:
+        # Old form: CLIENT KILL addr:port -> OK or an error.
+        address = argv[2].decode("utf-8", "replace")
+        for client in ctx.server.clients:
+            if client.addr == address:
+                _kill(ctx, client)
+                return OK
+        return Error("ERR No such client")
+    if len(argv) % 2:
+        return SYNTAX_ERROR
+    filters: list = []
+    skip_me = True
+    for position in range(2, len(argv), 2):
+        option, raw = argv[position].lower(), argv[position + 1]
+        value = raw.decode("utf-8", "replace")
+        if option == b"id":
+            client_id = parse_integer(raw)
+            if client_id is None or client_id <= 0:
+                return Error("ERR client-id should be greater than 0")
+            filters.append(lambda client, wanted=client_id: client.id == wanted)
+        elif option == b"type":
+            matches = _client_type_matches(raw)
+            if matches is None:
+                return Error(f"ERR Unknown client type '{value}'")
+            filters.append(lambda client, keep=matches: keep)
+        elif option == b"addr":
+            filters.append(lambda client, wanted=value: client.addr == wanted)
+        elif option == b"laddr":
+            filters.append(lambda client, wanted=value: client.laddr == wanted)
+        elif option == b"user":
+            filters.append(lambda client, wanted=value: client.user == wanted)
+        elif option == b"skipme":
+            if raw.lower() == b"yes":
+                skip_me = True
+            elif raw.lower() == b"no":
+                skip_me = False
+            else:
+                return SYNTAX_ERROR
+        else:
+            return SYNTAX_ERROR
+    killed = 0
+    for client in ctx.server.clients:
+        if client is me and skip_me:
+            continue
+        if all(check(client) for check in filters):
+            _kill(ctx, client)
+            killed += 1
+    return killed
+
+
+def _kill(ctx: Any, client: Any) -> None:
+    # Killing yourself closes after this reply, as Redis does.
+    if client is ctx.client:
+        client.close_after_reply = True
+    else:
+        client.kill()
+
+
+@handles("client|no-evict", "client|no-touch")
+def client_flag_on_off(ctx: Any, argv: list[bytes]) -> Any:
+    if argv[2].lower() in (b"on", b"off"):
+        return OK
+    return SYNTAX_ERROR

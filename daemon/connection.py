@@ -1,0 +1,121 @@
+"""One task per connection: thin glue between a socket and the sans-IO parser.
+
+Read what the socket has, parse every complete request in it, run each one in
+order, encode the replies into one buffer and write them with one send
+(``sendmsg`` with scatter buffers when a reply carries large bulk data).
+Cleanup is in ``finally``: whatever ends the task, the client is unregistered
+and every resource it holds is released.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import trio
+
+from pfxcache.protocol.replies import ReplyBuffer, encode_into
+from pfxcache.protocol.requests import NEED_DATA, ProtocolError, RequestParser
+
+from .clients import Client
+from .dispatch import NO_REPLY, Context, Pending, execute, execute_pending
+
+log = logging.getLogger("pfxcached")
+
+# Redis reads 16 KiB at a time; a larger first read costs nothing and helps pipelines.
+READ_SIZE = 64 * 1024
+
+
+async def send_chunks(sock: trio.socket.SocketType, chunks: list) -> int:
+    """Write every buffer in ``chunks``; return the bytes written."""
+    total = 0
+    if len(chunks) == 1:
+        view = memoryview(chunks[0])
+        while view:
+            sent = await sock.send(view)
+            total += sent
+            view = view[sent:]
+        return total
+    views = [memoryview(chunk) for chunk in chunks]
+    while views:
+        sent = await sock.sendmsg(views[:1024])  # IOV_MAX
+        total += sent
+        while sent:
+            first = views[0]
+            if sent >= first.nbytes:
+                sent -= first.nbytes
+                views.pop(0)
+            else:
+                views[0] = first[sent:]
+                sent = 0
+    return total
+
+
+async def serve_connection(server: Any, sock: trio.socket.SocketType, client: Client) -> None:
+    """Serve one client until it quits, errs, is killed or the server stops."""
+    config = server.config
+    stats = server.stats
+    ctx = Context(server, client)
+    parser = RequestParser(
+        proto_max_bulk_len=config["proto-max-bulk-len"],
+        query_buffer_limit=config["client-query-buffer-limit"],
+        authenticated=client.authenticated or not server.auth_required,
+    )
+    server.parsers[client.id] = parser
+    out = ReplyBuffer()
+    try:
+        while not client.close_after_reply:
+            try:
+                data = await sock.recv(max(READ_SIZE, parser.wanted()))
+            except OSError:
+                break
+            if not data:
+                break
+            client.last_interaction = time.monotonic()
+            stats.total_net_input_bytes += len(data)
+            stats.total_reads_processed += 1
+            parser.feed(data)
+            client.busy = True
+            try:
+                await _run_buffered_requests(ctx, parser, out)
+            finally:
+                client.busy = False
+                client.query_buffered = parser.buffered()
+            if len(out):
+                try:
+                    stats.total_net_output_bytes += await send_chunks(sock, out.take())
+                except OSError:
+                    break
+                stats.total_writes_processed += 1
+            if server.shutting_down:
+                break
+    finally:
+        server.parsers.pop(client.id, None)
+
+
+async def _run_buffered_requests(ctx: Context, parser: RequestParser, out: ReplyBuffer) -> None:
+    client = ctx.client
+    server = ctx.server
+    while not client.close_after_reply:
+        try:
+            argv = parser.next_command()
+        except ProtocolError as error:
+            if error.reply is not None:
+                server.stats.error("ERR")
+                out.write(error.reply)
+                log.log(15, "Protocol error (%s) from client: id=%d addr=%s", error.message, client.id, client.addr)
+            else:
+                log.warning("Closing client that reached max query buffer length: id=%d addr=%s", client.id, client.addr)
+            client.close_after_reply = True
+            return
+        if argv is NEED_DATA:
+            return
+        reply = execute(ctx, argv)
+        if reply.__class__ is Pending:
+            reply = await execute_pending(ctx, reply)
+        if reply is NO_REPLY:
+            continue
+        encode_into(out, reply, client.resp)
+        # AUTH / HELLO / RESET change the limits of the very next request.
+        parser.authenticated = client.authenticated or not server.auth_required

@@ -1,0 +1,109 @@
+"""From a parsed request to a reply: lookup, access checks, the call, its stats.
+
+Everything here derives from the command table: the row found for ``argv``
+decides the arity error, whether the command may run before AUTH, and which
+handler runs. Handlers that raise never take the daemon down: the client gets
+an ``-ERR`` and the traceback goes to the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from pfxcache.protocol.replies import Error
+
+log = logging.getLogger("pfxcached")
+
+NOAUTH = Error("NOAUTH Authentication required.")
+
+
+class NoReply:
+    """Returned by a handler whose connection closes without a reply (SHUTDOWN)."""
+
+    __slots__ = ()
+
+
+NO_REPLY = NoReply()
+
+
+class Context:
+    """What a handler sees: the server and the client that sent the command.
+
+    One per connection, reused for every command it sends.
+    """
+
+    __slots__ = ("server", "client")
+
+    def __init__(self, server: Any, client: Any) -> None:
+        self.server = server
+        self.client = client
+
+
+class Pending:
+    """A resolved call to an ``async`` handler, for the connection to await."""
+
+    __slots__ = ("spec", "argv")
+
+    def __init__(self, spec: Any, argv: list[bytes]) -> None:
+        self.spec = spec
+        self.argv = argv
+
+
+def _record_error(stats: Any, reply: Error) -> None:
+    stats.error(reply.message.split(" ", 1)[0])
+
+
+def execute(ctx: Context, argv: list[bytes]) -> Any:
+    """Run ``argv`` and return its reply, or a :class:`Pending` for an async handler."""
+    server = ctx.server
+    stats = server.stats
+    spec = server.commands.resolve(argv)
+    if spec.__class__ is Error:
+        _record_error(stats, spec)
+        known = server.commands.get(argv[0].decode("utf-8", "replace").lower())
+        if known is not None:
+            stats.command(known.fullname).rejected_calls += 1
+        return spec
+    client = ctx.client
+    if not client.authenticated and server.auth_required and "no_auth" not in spec.flags:
+        stats.command(spec.fullname).rejected_calls += 1
+        _record_error(stats, NOAUTH)
+        return NOAUTH
+    client.last_command = spec.fullname
+    if spec.is_async:
+        return Pending(spec, argv)
+    start = time.perf_counter_ns()
+    try:
+        reply = spec.handler(ctx, argv)
+    except Exception as exc:  # a bug must cost one reply, not the daemon
+        reply = _internal_error(spec, exc)
+    _account(stats, spec, reply, start)
+    return reply
+
+
+async def execute_pending(ctx: Context, pending: Pending) -> Any:
+    """Await an async handler resolved by :func:`execute`."""
+    start = time.perf_counter_ns()
+    try:
+        reply = await pending.spec.handler(ctx, pending.argv)
+    except Exception as exc:
+        reply = _internal_error(pending.spec, exc)
+    _account(ctx.server.stats, pending.spec, reply, start)
+    return reply
+
+
+def _internal_error(spec: Any, exc: Exception) -> Error:
+    log.exception("internal error in command '%s'", spec.fullname)
+    return Error(f"ERR internal error in '{spec.fullname}': {type(exc).__name__}")
+
+
+def _account(stats: Any, spec: Any, reply: Any, start: int) -> None:
+    stat = stats.command(spec.fullname)
+    stat.calls += 1
+    stat.usec += (time.perf_counter_ns() - start) // 1000
+    stats.total_commands_processed += 1
+    if reply.__class__ is Error:
+        stat.failed_calls += 1
+        _record_error(stats, reply)

@@ -1,0 +1,246 @@
+"""INFO: sections in Redis's names, order and formats.
+
+Each section is a function returning ``(field, value)`` pairs, registered in
+:data:`SECTIONS` in the order INFO prints them. Field names and value formats
+follow Redis 7.0 so ``redis-cli --stat``, redis_exporter and other tools read
+them unchanged: ``# Section`` headers, ``field:value`` lines ending in CRLF, a
+blank line between sections, ``used_memory:`` before the other ``used_memory_*``
+lines.
+
+Which sections a request shows follows Redis: no argument or ``default`` ->
+the default set; ``all`` adds commandstats and latencystats; ``everything``
+adds the module-style sections too; any other word names one section.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import sys
+import time
+from typing import Any, Callable, Iterable
+
+Fields = Iterable[tuple[str, Any]]
+
+
+def human_bytes(n: int) -> str:
+    """Redis's bytesToHuman: 1.50K, 2.00M ... (``B`` below 1 KiB)."""
+    value = float(n)
+    for unit in ("B", "K", "M", "G", "T", "P"):
+        if value < 1024 or unit == "P":
+            return f"{int(value)}B" if unit == "B" else f"{value:.2f}{unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _server(server: Any) -> Fields:
+    now = time.time()
+    uptime = int(server.uptime)
+    return [
+        ("redis_version", server.redis_version),
+        ("redis_git_sha1", "00000000"),
+        ("redis_git_dirty", 0),
+        ("redis_build_id", "0"),
+        ("redis_mode", "standalone"),
+        ("pfxcache_version", server.version),
+        ("os", f"{platform.system()} {platform.release()} {platform.machine()}"),
+        ("arch_bits", 64 if sys.maxsize > 2**32 else 32),
+        ("monotonic_clock", "POSIX clock_gettime"),
+        ("multiplexing_api", "epoll" if sys.platform.startswith("linux") else "kqueue"),
+        ("atomicvar_api", "python"),
+        ("python_version", platform.python_version()),
+        ("process_id", os.getpid()),
+        ("process_supervised", "no"),
+        ("run_id", server.run_id),
+        ("tcp_port", server.tcp_port),
+        ("server_time_usec", int(now * 1_000_000)),
+        ("uptime_in_seconds", uptime),
+        ("uptime_in_days", uptime // 86400),
+        ("hz", server.config["hz"]),
+        ("configured_hz", server.config["hz"]),
+        ("lru_clock", int(now) & ((1 << 24) - 1)),
+        ("executable", os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""),
+        ("config_file", server.config.config_file or ""),
+        ("io_threads_active", 0),
+    ]
+
+
+def _clients(server: Any) -> Fields:
+    largest_input = max((client.query_buffered for client in server.clients), default=0)
+    return [
+        ("connected_clients", len(server.clients)),
+        ("cluster_connections", 0),
+        ("maxclients", server.config["maxclients"]),
+        ("client_recent_max_input_buffer", largest_input),
+        ("client_recent_max_output_buffer", 0),
+        ("blocked_clients", 0),
+        ("tracking_clients", 0),
+        ("clients_in_timeout_table", 0),
+    ]
+
+
+def _memory(server: Any) -> Fields:
+    from .server import process_rss
+
+    rss = process_rss()
+    server.peak_memory = max(server.peak_memory, rss)
+    maxmemory = server.memory_limit()
+    return [
+        # The daemon's heap is Python's; the process RSS is the honest figure for it.
+        ("used_memory", rss),
+        ("used_memory_human", human_bytes(rss)),
+        ("used_memory_rss", rss),
+        ("used_memory_rss_human", human_bytes(rss)),
+        ("used_memory_peak", server.peak_memory),
+        ("used_memory_peak_human", human_bytes(server.peak_memory)),
+        ("used_memory_peak_perc", f"{100.0 * rss / server.peak_memory if server.peak_memory else 100:.2f}%"),
+        ("used_memory_dataset", server.dataset_bytes()),
+        ("total_system_memory", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+        ("total_system_memory_human", human_bytes(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))),
+        ("maxmemory", maxmemory),
+        ("maxmemory_human", human_bytes(maxmemory)),
+        ("maxmemory_policy", server.memory_policy()),
+        ("mem_fragmentation_ratio", "1.00"),
+        ("mem_allocator", "libc"),
+    ]
+
+
+def _persistence(server: Any) -> Fields:
+    # Nothing is persisted: a prefix cache is rebuilt by the workers. The fields
+    # exist because redis-cli --stat and exporters read them.
+    return [
+        ("loading", 0),
+        ("async_loading", 0),
+        ("rdb_changes_since_last_save", 0),
+        ("rdb_bgsave_in_progress", 0),
+        ("rdb_last_save_time", int(server.started_at)),
+        ("rdb_last_bgsave_status", "ok"),
+        ("aof_enabled", 0),
+        ("aof_rewrite_in_progress", 0),
+        ("aof_rewrite_scheduled", 0),
+        ("aof_last_bgrewrite_status", "ok"),
+        ("aof_last_write_status", "ok"),
+    ]
+
+
+def _stats(server: Any) -> Fields:
+    stats = server.stats
+    return [
+        ("total_connections_received", stats.total_connections_received),
+        ("total_commands_processed", stats.total_commands_processed),
+        ("instantaneous_ops_per_sec", stats.instantaneous_ops_per_sec),
+        ("total_net_input_bytes", stats.total_net_input_bytes),
+        ("total_net_output_bytes", stats.total_net_output_bytes),
+        ("rejected_connections", stats.rejected_connections),
+        ("expired_keys", 0),
+        ("evicted_keys", server.evicted_keys()),
+        ("keyspace_hits", server.keyspace_hits()),
+        ("keyspace_misses", server.keyspace_misses()),
+        ("pubsub_channels", 0),
+        ("pubsub_patterns", 0),
+        ("total_error_replies", stats.total_error_replies),
+        ("total_reads_processed", stats.total_reads_processed),
+        ("total_writes_processed", stats.total_writes_processed),
+        ("client_query_buffer_limit_disconnections", stats.client_query_buffer_limit_disconnections),
+    ]
+
+
+def _replication(server: Any) -> Fields:
+    return [
+        ("role", "master"),
+        ("connected_slaves", 0),
+        ("master_failover_state", "no-failover"),
+        ("master_replid", server.run_id),
+        ("master_replid2", "0" * 40),
+        ("master_repl_offset", 0),
+        ("second_repl_offset", -1),
+        ("repl_backlog_active", 0),
+    ]
+
+
+def _cpu(server: Any) -> Fields:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return [
+        ("used_cpu_sys", f"{own.ru_stime:.6f}"),
+        ("used_cpu_user", f"{own.ru_utime:.6f}"),
+        ("used_cpu_sys_children", f"{children.ru_stime:.6f}"),
+        ("used_cpu_user_children", f"{children.ru_utime:.6f}"),
+    ]
+
+
+def _modules(server: Any) -> Fields:
+    return []
+
+
+def _commandstats(server: Any) -> Iterable[str]:
+    return [stat.info_line(name) for name, stat in server.stats.commands.items() if stat.calls or stat.rejected_calls or stat.failed_calls]
+
+
+def _errorstats(server: Any) -> Iterable[str]:
+    return [f"errorstat_{code}:count={count}" for code, count in server.stats.errors.items()]
+
+
+def _cluster(server: Any) -> Fields:
+    return [("cluster_enabled", 0)]
+
+
+def _keyspace(server: Any) -> Iterable[str]:
+    keys = server.dbsize()
+    return [f"db0:keys={keys},expires=0,avg_ttl=0"] if keys else []
+
+
+#: name -> (title, builder, in the default set). Builders return pairs or ready lines.
+SECTIONS: dict[str, tuple[str, Callable[[Any], Iterable[Any]], bool]] = {
+    "server": ("Server", _server, True),
+    "clients": ("Clients", _clients, True),
+    "memory": ("Memory", _memory, True),
+    "persistence": ("Persistence", _persistence, True),
+    "stats": ("Stats", _stats, True),
+    "replication": ("Replication", _replication, True),
+    "cpu": ("CPU", _cpu, True),
+    "modules": ("Modules", _modules, True),
+    "commandstats": ("Commandstats", _commandstats, False),
+    "errorstats": ("Errorstats", _errorstats, True),
+    "cluster": ("Cluster", _cluster, True),
+    "keyspace": ("Keyspace", _keyspace, True),
+}
+
+#: Module-style sections (``# pfxcache`` ...) added by later parts of the daemon:
+#: name -> (title, builder). Shown for ``everything``, ``modules`` or by name.
+MODULE_SECTIONS: dict[str, tuple[str, Callable[[Any], Iterable[Any]]]] = {}
+
+
+def select_sections(args: list[str]) -> list[str]:
+    """The section names, in print order, that ``INFO args...`` shows."""
+    words = {arg.lower() for arg in args} or {"default"}
+    chosen: list[str] = []
+    everything = "everything" in words
+    for name, (_title, _builder, default) in SECTIONS.items():
+        if (
+            name in words
+            or everything
+            or "all" in words
+            or ("default" in words and default)
+        ):
+            chosen.append(name)
+    for name in MODULE_SECTIONS:
+        if name in words or everything or "modules" in words:
+            chosen.append(name)
+    return chosen
+
+
+def render(server: Any, args: list[str]) -> str:
+    """The INFO text for ``args`` (section names, ``all``, ``everything``, ``default``)."""
+    blocks = []
+    for name in select_sections(args):
+        if name in SECTIONS:
+            title, builder, _default = SECTIONS[name]
+        else:
+            title, builder = MODULE_SECTIONS[name]
+        lines = [f"# {title}"]
+        for item in builder(server):
+            lines.append(item if isinstance(item, str) else f"{item[0]}:{item[1]}")
+        blocks.append("\r\n".join(lines) + "\r\n")
+    return "\r\n".join(blocks)

@@ -1,0 +1,446 @@
+"""The trio server: listeners, one task per connection, cron, graceful shutdown.
+
+Structure (as in trio's and hypercorn's servers)::
+
+    serve()
+      connections nursery ─ one task per client (connection.serve_connection)
+        control nursery   ─ accept loop per listener, cron, signal watcher
+                            waits for the shutdown request, then is cancelled
+
+Shutdown (SIGTERM, SIGINT or ``SHUTDOWN``): stop accepting and close the
+listeners; close idle connections at once; let connections that are running
+commands finish them and write their replies, up to ``shutdown-timeout``
+seconds; then cancel whatever is left and release every resource (pidfile,
+unix socket file; later the arena and the leases).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import secrets
+import signal
+import socket as stdlib_socket
+import threading
+import time
+from typing import Any
+
+import trio
+
+from pfxcache import __version__
+
+from . import logs
+from .clients import Client, ClientRegistry
+from .commands.table import CommandTable
+from .connection import serve_connection
+from .stats import Stats
+
+log = logging.getLogger("pfxcached")
+
+#: The Redis release whose behaviour (replies, errors, INFO fields) we reproduce.
+REDIS_COMPAT_VERSION = "7.0.15"
+
+MAX_CLIENTS_ERROR = b"-ERR max number of clients reached\r\n"
+PROTECTED_MODE_ERROR = (
+    b"-DENIED Redis is running in protected mode because protected mode is enabled and no password is set "
+    b"for the default user. In this mode connections are only accepted from the loopback interface. If you "
+    b"want to connect from external computers to Redis you may adopt one of the following solutions: 1) Just "
+    b"disable protected mode sending the command 'CONFIG SET protected-mode no' from the loopback interface by "
+    b"connecting to Redis from the same host the server is running, however MAKE SURE Redis is not publicly "
+    b"accessible from internet if you do so. Use CONFIG REWRITE to make this change permanent. 2) Alternatively "
+    b"you can just disable the protected mode by editing the Redis configuration file, and setting the protected "
+    b"mode option to 'no', and then restarting the server. 3) If you started the server manually just for "
+    b"testing, restart it with the '--protected-mode no' option. 4) Set up an authentication password for the "
+    b"default user. NOTE: You only need to do one of the above things in order for the server to start "
+    b"accepting connections from the outside.\r\n"
+)
+LOOPBACK_PEERS = ("127.0.0.1", "::1")
+
+
+class StartupError(Exception):
+    """The daemon cannot start (port in use, bad unix socket path ...)."""
+
+
+def build_command_table() -> CommandTable:
+    """The command table with every handler module bound to its rows."""
+    from .commands import connection_commands, introspection, server_commands
+
+    table = CommandTable.load()
+    for module in (connection_commands, server_commands, introspection):
+        table.bind_module(module)
+    return table
+
+
+class Listener:
+    """A listening socket and the cancel scope of its accept loop."""
+
+    __slots__ = ("sock", "address", "is_unix", "scope")
+
+    def __init__(self, sock: trio.socket.SocketType, address: str, is_unix: bool) -> None:
+        self.sock = sock
+        self.address = address
+        self.is_unix = is_unix
+        self.scope = trio.CancelScope()
+
+    def close(self) -> None:
+        self.scope.cancel()
+        self.sock.close()
+
+
+def _bind_addresses(bind: Any) -> list[str]:
+    return bind.split() if isinstance(bind, str) else list(bind)
+
+
+def open_tcp_listeners(bind: Any, port: int, backlog: int) -> tuple[list[Listener], int]:
+    """Bind every address of the ``bind`` directive; port 0 picks one free port for all.
+
+    Addresses prefixed with ``-`` are optional, as in Redis: failing to bind
+    them is not an error.
+    """
+    listeners: list[Listener] = []
+    try:
+        for entry in _bind_addresses(bind):
+            optional = entry.startswith("-")
+            host = entry.lstrip("-")
+            if host == "*":
+                host = "0.0.0.0"
+            family = stdlib_socket.AF_INET6 if ":" in host else stdlib_socket.AF_INET
+            sock = stdlib_socket.socket(family, stdlib_socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_REUSEADDR, 1)
+                if family == stdlib_socket.AF_INET6:
+                    sock.setsockopt(stdlib_socket.IPPROTO_IPV6, stdlib_socket.IPV6_V6ONLY, 1)
+                sock.bind((host, port))
+                sock.listen(backlog)
+            except OSError as exc:
+                sock.close()
+                if optional and exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT):
+                    continue
+                raise StartupError(
+                    f"Could not create server TCP listening socket {host}:{port}: bind: {exc.strerror}"
+                ) from exc
+            if port == 0:
+                port = sock.getsockname()[1]
+            listeners.append(Listener(trio.socket.from_stdlib_socket(sock), f"{host}:{port}", False))
+    except BaseException:
+        for listener in listeners:
+            listener.sock.close()
+        raise
+    if not listeners:
+        raise StartupError(f"Failed listening on port {port} (tcp), aborting.")
+    return listeners, port
+
+
+def open_unix_listener(path: str, perm: int, backlog: int) -> Listener:
+    """Listen on a unix socket, replacing a stale socket file left by a killed daemon."""
+    try:
+        if os.path.exists(path):
+            import stat
+
+            if not stat.S_ISSOCK(os.stat(path).st_mode):
+                raise StartupError(f"Unix socket path {path} exists and is not a socket")
+            os.unlink(path)
+        sock = stdlib_socket.socket(stdlib_socket.AF_UNIX, stdlib_socket.SOCK_STREAM)
+        sock.bind(path)
+        if perm:
+            os.chmod(path, perm)
+        sock.listen(backlog)
+    except OSError as exc:
+        raise StartupError(f"Failed opening Unix socket: {exc}") from exc
+    return Listener(trio.socket.from_stdlib_socket(sock), path, True)
+
+
+def _configure_client_socket(sock: trio.socket.SocketType, keepalive: int) -> None:
+    sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_NODELAY, 1)
+    if keepalive > 0:
+        # Same probe schedule as Redis's anetKeepAlive: idle, then every idle/3, 3 probes.
+        sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_KEEPIDLE, keepalive)
+        sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_KEEPINTVL, max(1, keepalive // 3))
+        sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_KEEPCNT, 3)
+
+
+class Server:
+    """The daemon: configuration, command table, clients, stats, and the serve loop."""
+
+    def __init__(self, config: Any, commands: CommandTable | None = None) -> None:
+        self.config = config
+        self.commands = commands if commands is not None else build_command_table()
+        self.stats = Stats()
+        self.clients = ClientRegistry()
+        #: client id -> its request parser, so CONFIG SET of protocol limits reaches live connections.
+        self.parsers: dict[int, Any] = {}
+        self.run_id = secrets.token_hex(20)
+        self.started_at = time.time()
+        self.started_monotonic = time.monotonic()
+        self.version = __version__
+        self.redis_version = REDIS_COMPAT_VERSION
+        self.tcp_port = 0
+        self.addresses: list[str] = []
+        self.shutting_down = False
+        self.peak_memory = 0
+        self._listeners: list[Listener] = []
+        self._shutdown_requested: trio.Event | None = None
+        self._control_nursery: trio.Nursery | None = None
+        self._connection_nursery: trio.Nursery | None = None
+        config.on_change("proto-max-bulk-len", self._update_parsers)
+        config.on_change("client-query-buffer-limit", self._update_parsers)
+        config.on_change("loglevel", lambda _old, new: logs.set_level(new))
+        config.on_change("port", self._rebind)
+        config.on_change("bind", self._rebind)
+
+    # -- state the handlers read -------------------------------------------------
+
+    @property
+    def auth_required(self) -> bool:
+        """True when clients must AUTH before running commands."""
+        return bool(self.config["requirepass"])
+
+    @property
+    def uptime(self) -> float:
+        return time.monotonic() - self.started_monotonic
+
+    # The keyspace figures INFO and DBSIZE report; the prefix store fills them in.
+    def dbsize(self) -> int:
+        """Number of keys (namespaces) in db 0."""
+        return 0
+
+    def memory_limit(self) -> int:
+        return 0
+
+    def memory_policy(self) -> str:
+        return "noeviction"
+
+    def dataset_bytes(self) -> int:
+        return 0
+
+    def evicted_keys(self) -> int:
+        return 0
+
+    def keyspace_hits(self) -> int:
+        return 0
+
+    def keyspace_misses(self) -> int:
+        return 0
+
+    def flush(self) -> None:
+        """FLUSHALL / FLUSHDB: drop every unpinned entry (nothing is stored yet)."""
+
+    def request_shutdown(self, reason: str = "SHUTDOWN") -> None:
+        """Begin a graceful shutdown (idempotent)."""
+        if self._shutdown_requested is not None and not self._shutdown_requested.is_set():
+            log.warning("User requested shutdown (%s)...", reason)
+            self._shutdown_requested.set()
+
+    # -- config hooks --------------------------------------------------------------
+
+    def _update_parsers(self, _old: Any, _new: Any) -> None:
+        for parser in self.parsers.values():
+            parser.proto_max_bulk_len = self.config["proto-max-bulk-len"]
+            parser.query_buffer_limit = self.config["client-query-buffer-limit"]
+
+    def _rebind(self, _old: Any, _new: Any) -> None:
+        """CONFIG SET port/bind: open the new listeners first, then drop the old ones."""
+        if self._control_nursery is None:
+            return
+        try:
+            fresh, port = open_tcp_listeners(self.config["bind"], self.config["port"], self.config["tcp-backlog"])
+        except StartupError as exc:
+            raise ValueError(f"Unable to listen on this port: {exc}") from exc
+        for listener in self._listeners:
+            if not listener.is_unix:
+                listener.close()
+        self._listeners = [listener for listener in self._listeners if listener.is_unix] + fresh
+        self.tcp_port = port
+        self.addresses = [listener.address for listener in fresh]
+        for listener in fresh:
+            self._control_nursery.start_soon(self._accept_loop, listener)
+        log.info("Listening on %s", ", ".join(self.addresses))
+
+    # -- serving -------------------------------------------------------------------
+
+    def _open_listeners(self) -> None:
+        config = self.config
+        listeners: list[Listener] = []
+        # Unlike Redis, port 0 does not disable TCP: it asks the kernel for a free port.
+        tcp, self.tcp_port = open_tcp_listeners(config["bind"], config["port"], config["tcp-backlog"])
+        listeners += tcp
+        if config["unixsocket"]:
+            listeners.append(open_unix_listener(config["unixsocket"], config["unixsocketperm"], config["tcp-backlog"]))
+        self._listeners = listeners
+        self.addresses = [listener.address for listener in listeners if not listener.is_unix]
+
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until shutdown. ``task_status.started`` receives the server once it listens."""
+        self._shutdown_requested = trio.Event()
+        self._open_listeners()
+        self._write_pidfile()
+        try:
+            async with trio.open_nursery() as connections:
+                self._connection_nursery = connections
+                async with trio.open_nursery() as control:
+                    self._control_nursery = control
+                    for listener in self._listeners:
+                        control.start_soon(self._accept_loop, listener)
+                    control.start_soon(self._cron)
+                    if threading.current_thread() is threading.main_thread():
+                        control.start_soon(self._watch_signals)
+                    for listener in self._listeners:
+                        kind = "unix" if listener.is_unix else "tcp"
+                        log.info("Ready to accept connections %s on %s", kind, listener.address)
+                    task_status.started(self)
+                    await self._shutdown_requested.wait()
+                    self.shutting_down = True
+                    control.cancel_scope.cancel()
+                self._control_nursery = None
+                for listener in self._listeners:
+                    listener.close()
+                await self._drain_clients()
+                connections.cancel_scope.cancel()
+        finally:
+            for listener in self._listeners:
+                listener.sock.close()
+                if listener.is_unix:
+                    _unlink_quietly(listener.address)
+            self._remove_pidfile()
+            log.warning("pfxcached is now ready to exit, bye bye...")
+
+    async def _drain_clients(self) -> None:
+        """Close idle clients now; give busy ones ``shutdown-timeout`` seconds to finish."""
+        for client in self.clients:
+            if not client.busy:
+                client.kill()
+        deadline = self.config["shutdown-timeout"]
+        with trio.move_on_after(deadline) as scope:
+            while len(self.clients):
+                for client in self.clients:
+                    if not client.busy:
+                        client.kill()
+                await trio.sleep(0.01)
+        if scope.cancelled_caught:
+            log.warning("Shutdown deadline of %ss reached: closing %d busy clients", deadline, len(self.clients))
+
+    async def _accept_loop(self, listener: Listener) -> None:
+        with listener.scope:
+            while True:
+                try:
+                    sock, peer = await listener.sock.accept()
+                except OSError as exc:
+                    if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                        log.warning("Accepting client connection: %s", exc)
+                        await trio.sleep(0.1)
+                        continue
+                    if exc.errno == errno.EBADF:  # the listener was closed by a rebind
+                        return
+                    raise
+                self._admit(sock, peer, listener)
+
+    def _admit(self, sock: trio.socket.SocketType, peer: Any, listener: Listener) -> None:
+        """The checks Redis makes on accept: maxclients, then protected mode."""
+        if len(self.clients) >= self.config["maxclients"]:
+            self.stats.rejected_connections += 1
+            _send_and_close(sock, MAX_CLIENTS_ERROR)
+            return
+        if listener.is_unix:
+            addr, laddr = f"{listener.address}:0", listener.address
+        else:
+            _configure_client_socket(sock, self.config["tcp-keepalive"])
+            addr = _format_address(peer)
+            laddr = _format_address(sock.getsockname())
+        self.stats.total_connections_received += 1
+        if (
+            not listener.is_unix
+            and self.config["protected-mode"]
+            and not self.auth_required
+            and peer[0] not in LOOPBACK_PEERS
+        ):
+            log.warning("Rejected connection from %s: protected mode", addr)
+            _send_and_close(sock, PROTECTED_MODE_ERROR)
+            return
+        client = Client(self.clients.new_id(), addr, laddr, sock.fileno(), is_unix=listener.is_unix)
+        client.authenticated = not self.auth_required
+        client.server = self
+        self.clients.add(client)
+        assert self._connection_nursery is not None
+        self._connection_nursery.start_soon(self._run_client, sock, client)
+
+    async def _run_client(self, sock: trio.socket.SocketType, client: Client) -> None:
+        with trio.CancelScope() as scope:
+            client.kill = scope.cancel
+            try:
+                await serve_connection(self, sock, client)
+            finally:
+                self.clients.remove(client)
+                sock.close()
+
+    async def _cron(self) -> None:
+        """Periodic work, like Redis's serverCron: ops/sec samples, idle timeouts, memory peak."""
+        ticks = 0
+        while True:
+            await trio.sleep(0.1)
+            ticks += 1
+            self.stats.sample()
+            if ticks % 10 == 0:
+                self._close_idle_clients()
+                self.peak_memory = max(self.peak_memory, process_rss())
+
+    def _close_idle_clients(self) -> None:
+        timeout = self.config["timeout"]
+        if not timeout:
+            return
+        now = time.monotonic()
+        for client in self.clients:
+            if not client.busy and now - client.last_interaction > timeout:
+                log.log(15, "Closing idle client id=%d addr=%s", client.id, client.addr)
+                client.kill()
+
+    async def _watch_signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT"
+                log.warning("Received %s scheduling shutdown...", name)
+                self.request_shutdown(name)
+
+    def _write_pidfile(self) -> None:
+        path = self.config["pidfile"]
+        if path:
+            with open(path, "w") as file:
+                file.write(f"{os.getpid()}\n")
+
+    def _remove_pidfile(self) -> None:
+        if self.config["pidfile"]:
+            _unlink_quietly(self.config["pidfile"])
+
+
+def _format_address(address: Any) -> str:
+    host, port = address[0], address[1]
+    return f"{host}:{port}"
+
+
+def _send_and_close(sock: trio.socket.SocketType, payload: bytes) -> None:
+    # A fresh socket's send buffer always takes a few hundred bytes: no need to await.
+    try:
+        sock._sock.send(payload, stdlib_socket.MSG_DONTWAIT)  # noqa: SLF001
+    except OSError:
+        pass
+    sock.close()
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def process_rss() -> int:
+    """Resident set size of this process in bytes (Linux /proc)."""
+    try:
+        with open("/proc/self/statm") as file:
+            return int(file.read().split()[1]) * _PAGE_SIZE
+    except OSError:
+        return 0

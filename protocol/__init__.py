@@ -1,0 +1,1 @@
+"""Sans-IO RESP: bytes in, commands out; replies in, bytes out."""

@@ -1,0 +1,255 @@
+"""Reply values and their RESP2 / RESP3 encoding.
+
+Command handlers return plain Python values; :func:`encode` turns them into
+bytes for the connection's protocol version, applying Redis's downgrade of
+RESP3 types for RESP2 clients:
+
+==================  ========================  ===========================
+Python value         RESP3                     RESP2
+==================  ========================  ===========================
+``SimpleString``     ``+text``                 same
+``Error``            ``-CODE message``         same
+``bool``             ``#t`` / ``#f``           ``:1`` / ``:0``
+``int``              ``:n``                    same
+``float``            ``,%.17g`` (``inf``)      bulk string of the same text
+``bytes``/``str``    ``$len`` bulk string      same
+``None``             ``_`` null                ``$-1`` (null bulk)
+``NULL_ARRAY``       ``_`` null                ``*-1`` (null array)
+``list``/``tuple``   ``*n`` array              same
+``dict``             ``%n`` map                flat ``*2n`` array
+``set``/``Set``      ``~n`` set                ``*n`` array
+``Verbatim``         ``=len`` ``txt:...``      bulk string
+``Push``             ``>n`` push               ``*n`` array
+==================  ========================  ===========================
+
+Attribute frames (``|``) are never produced: redis-py mishandles them.
+
+Large bulk strings are not copied into the output: :func:`encode_into`
+appends them to the chunk list as ``memoryview`` objects so the I/O layer can
+hand them to ``sendmsg`` as scatter buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+__all__ = [
+    "SimpleString",
+    "Error",
+    "Verbatim",
+    "Push",
+    "Set",
+    "NULL_ARRAY",
+    "OK",
+    "PONG",
+    "encode",
+    "encode_into",
+    "ReplyBuffer",
+]
+
+#: Bulk payloads at least this large are sent as their own scatter buffer
+#: instead of being copied into the reply byte string.
+SCATTER_THRESHOLD = 16 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SimpleString:
+    """A status reply such as ``+OK``; must not contain CR or LF."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """An error reply. ``message`` starts with its code: ``"ERR syntax error"``."""
+
+    message: str
+
+    @property
+    def code(self) -> str:
+        """The first word (``ERR``, ``WRONGTYPE``, ``NOAUTH`` ...), as INFO errorstats counts it."""
+        return self.message.split(" ", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Verbatim:
+    """A RESP3 verbatim string (``INFO`` uses it); a bulk string for RESP2."""
+
+    text: bytes | str
+    format: str = "txt"
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """An out-of-band RESP3 push message; an array for RESP2."""
+
+    items: list
+
+
+@dataclass(frozen=True, slots=True)
+class Set:
+    """A RESP3 set with a fixed order (Python sets have none)."""
+
+    items: list
+
+
+class _NullArray:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NULL_ARRAY"
+
+
+#: The null that RESP2 encodes as ``*-1`` rather than ``$-1``.
+NULL_ARRAY = _NullArray()
+
+OK = SimpleString("OK")
+PONG = SimpleString("PONG")
+
+_CONSTANTS = {
+    OK: b"+OK\r\n",
+    PONG: b"+PONG\r\n",
+}
+
+
+def _format_double(value: float) -> bytes:
+    # Redis 7.0 formats doubles with "%.17g" and spells infinities "inf"/"-inf".
+    if value != value:
+        return b"nan"
+    if value in (float("inf"), float("-inf")):
+        return b"inf" if value > 0 else b"-inf"
+    return (b"%.17g" % value)
+
+
+class ReplyBuffer:
+    """Accumulates encoded replies as a short list of send-ready buffers.
+
+    Small pieces are concatenated into one ``bytearray``; a large bulk payload
+    is appended as a ``memoryview`` of the caller's object, uncopied.
+    """
+
+    __slots__ = ("chunks", "_tail", "nbytes")
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes | bytearray | memoryview] = []
+        self._tail = bytearray()
+        self.nbytes = 0
+
+    def write(self, data: bytes) -> None:
+        """Append small bytes (copied into the current tail)."""
+        self._tail += data
+        self.nbytes += len(data)
+
+    def write_large(self, data: Any) -> None:
+        """Append a large buffer without copying it."""
+        if self._tail:
+            self.chunks.append(self._tail)
+            self._tail = bytearray()
+        self.chunks.append(memoryview(data).cast("B"))
+        self.nbytes += memoryview(data).nbytes
+
+    def take(self) -> list[bytes | bytearray | memoryview]:
+        """Return the buffers written so far and start empty again."""
+        if self._tail:
+            self.chunks.append(self._tail)
+            self._tail = bytearray()
+        chunks, self.chunks = self.chunks, []
+        self.nbytes = 0
+        return chunks
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+
+def _write_bulk(buf: ReplyBuffer, payload: Any) -> None:
+    if isinstance(payload, str):
+        payload = payload.encode()
+    size = memoryview(payload).nbytes if not isinstance(payload, (bytes, bytearray)) else len(payload)
+    if size >= SCATTER_THRESHOLD:
+        buf.write(b"$%d\r\n" % size)
+        buf.write_large(payload)
+        buf.write(b"\r\n")
+    else:
+        buf.write(b"$%d\r\n%s\r\n" % (size, bytes(payload)))
+
+
+def encode_into(buf: ReplyBuffer, value: Any, resp: int) -> None:
+    """Encode ``value`` for protocol version ``resp`` (2 or 3) into ``buf``."""
+    constant = _CONSTANTS.get(value) if isinstance(value, SimpleString) else None
+    if constant is not None:
+        buf.write(constant)
+    elif isinstance(value, (bytes, bytearray, memoryview, str)):
+        _write_bulk(buf, value)
+    elif isinstance(value, bool):
+        if resp == 3:
+            buf.write(b"#t\r\n" if value else b"#f\r\n")
+        else:
+            buf.write(b":1\r\n" if value else b":0\r\n")
+    elif isinstance(value, int):
+        buf.write(b":%d\r\n" % value)
+    elif value is None:
+        buf.write(b"_\r\n" if resp == 3 else b"$-1\r\n")
+    elif isinstance(value, (list, tuple)):
+        buf.write(b"*%d\r\n" % len(value))
+        for item in value:
+            encode_into(buf, item, resp)
+    elif isinstance(value, dict):
+        buf.write((b"%%%d\r\n" if resp == 3 else b"*%d\r\n") % (len(value) if resp == 3 else 2 * len(value)))
+        for key, item in value.items():
+            encode_into(buf, key, resp)
+            encode_into(buf, item, resp)
+    elif isinstance(value, SimpleString):
+        buf.write(b"+%s\r\n" % value.text.encode())
+    elif isinstance(value, Error):
+        buf.write(b"-%s\r\n" % _one_line(value.message).encode())
+    elif isinstance(value, float):
+        text = _format_double(value)
+        if resp == 3:
+            buf.write(b",%s\r\n" % text)
+        else:
+            _write_bulk(buf, text)
+    elif value is NULL_ARRAY:
+        buf.write(b"_\r\n" if resp == 3 else b"*-1\r\n")
+    elif isinstance(value, (set, frozenset, Set)):
+        items = value.items if isinstance(value, Set) else sorted(value)
+        buf.write((b"~%d\r\n" if resp == 3 else b"*%d\r\n") % len(items))
+        for item in items:
+            encode_into(buf, item, resp)
+    elif isinstance(value, Verbatim):
+        text = value.text.encode() if isinstance(value.text, str) else value.text
+        if resp == 3:
+            buf.write(b"=%d\r\n%s:" % (len(text) + 4, value.format.encode()))
+            if len(text) >= SCATTER_THRESHOLD:
+                buf.write_large(text)
+            else:
+                buf.write(text)
+            buf.write(b"\r\n")
+        else:
+            _write_bulk(buf, text)
+    elif isinstance(value, Push):
+        buf.write((b">%d\r\n" if resp == 3 else b"*%d\r\n") % len(value.items))
+        for item in value.items:
+            encode_into(buf, item, resp)
+    else:
+        raise TypeError(f"cannot encode reply value of type {type(value).__name__}")
+
+
+def _one_line(message: str) -> str:
+    # Redis replaces newlines in error and status replies so the protocol stays intact.
+    return message.replace("\r", " ").replace("\n", " ")
+
+
+def encode(value: Any, resp: int = 2) -> bytes:
+    """Encode one reply value to a single ``bytes`` object (convenient for tests)."""
+    buf = ReplyBuffer()
+    encode_into(buf, value, resp)
+    return b"".join(bytes(chunk) for chunk in buf.take())
+
+
+def encode_many(values: Iterable[Any], resp: int = 2) -> bytes:
+    """Encode several replies back to back."""
+    buf = ReplyBuffer()
+    for value in values:
+        encode_into(buf, value, resp)
+    return b"".join(bytes(chunk) for chunk in buf.take())

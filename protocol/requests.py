@@ -1,0 +1,560 @@
+"""Request parsing: bytes from a client in, one command (``list[bytes]``) out.
+
+:class:`RequestParser` reproduces the request parsing of redis-server 7.0
+(``src/networking.c``: ``processInlineBuffer``, ``processMultibulkBuffer``
+and the limits in ``readQueryFromClient``), including the exact error replies
+and the quirks that clients can observe:
+
+* A request starting with ``*`` is a multibulk request; anything else is an
+  inline request (one line split with ``sdssplitargs`` rules).
+* Count lines (``*N`` and ``$N``) are found by searching for ``\\r``; the byte
+  after it is skipped without being checked, and so are the two bytes after
+  each bulk payload.  Numbers use Redis's strict ``string2ll`` (no ``+``, no
+  leading zeros, no spaces, ``-0`` is invalid, at most 64 bits).
+* Redis looks for line ends with ``strchr``, which stops at a NUL byte: a line
+  with a NUL before its terminator never ends and eventually trips the
+  64 KiB "too big" limit.
+* ``*0`` and negative counts, empty inline lines and lines of blanks are
+  consumed silently.
+
+One deliberate refinement: Redis checks the 64 KiB line limit after each
+16 KiB ``read()``, so whether a line that ends between 64 KiB and 80 KiB is
+accepted depends on how the bytes were split into reads.  This parser only
+looks for a line end within the first ``inline_max + 1`` bytes of the line,
+which is exactly what Redis does when the bytes arrive in small reads, and
+makes the outcome independent of how the caller chunks its ``feed()`` calls.
+
+The module is sans-IO: the connection feeds received bytes with
+:meth:`RequestParser.feed` and pulls commands one at a time with
+:meth:`RequestParser.next_command`, executing each before asking for the next
+(``AUTH`` changes the limits that apply to the following command).
+
+Fast path: complete multibulk requests are decoded by ``hiredis.Reader`` (C)
+and accepted only after checking that they are plain arrays of bulk strings
+within the current limits, laid out byte for byte as a canonical encoding;
+everything else (inline requests, partial requests, errors, RESP3 types,
+limits) goes through the exact hand-written parser, which alone defines the
+behaviour.  ``use_hiredis=False`` disables the fast path (tests compare both).
+"""
+
+from __future__ import annotations
+
+import re
+
+try:  # hiredis is a hard dependency of pfxcache, but the exact parser does not need it.
+    import hiredis
+except ImportError:  # pragma: no cover
+    hiredis = None
+
+__all__ = ["NEED_DATA", "ProtocolError", "RequestParser"]
+
+
+class _NeedData:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+#: Returned by :meth:`RequestParser.next_command` when no complete command is buffered.
+NEED_DATA = _NeedData()
+
+# Redis constants (server.h).
+PROTO_IOBUF_LEN = 16 * 1024  # readQueryFromClient's normal read size
+PROTO_INLINE_MAX_SIZE = 64 * 1024  # max inline request / count line
+PROTO_MBULK_BIG_ARG = 32 * 1024  # bulks at least this big get sized reads
+INT_MAX = 2**31 - 1
+_LLONG_MIN = -(2**63)
+_LLONG_MAX = 2**63 - 1
+_UNAUTH_MAX_MULTIBULK = 10
+_UNAUTH_MAX_BULK = 16384
+
+#: The fast path gives a request back to the exact parser once hiredis holds
+#: this many bytes of it without completing it (big payloads are cheaper there).
+_FAST_MAX = 1024 * 1024
+#: Bytes handed to hiredis at a time; small, so that falling back to the exact
+#: parser (which costs a fresh Reader) never copies much.
+_FAST_CHUNK = 16 * 1024
+#: Upper bound of :meth:`RequestParser.wanted` while a big bulk is arriving.
+_BIG_READ_MAX = 16 * 1024 * 1024
+
+# string2ll: optional '-', no leading zeros, "0" alone; at most 20 characters
+# (LONG_STR_SIZE is 21); the range check is done on the int.
+_LL_RE = re.compile(rb"(?:-?[1-9][0-9]{0,19}|0)\Z")
+
+_CR = 13
+_LF = 10
+_STAR = 42
+_DOLLAR = 36
+
+
+def _string2ll(data: bytes | bytearray) -> int | None:
+    """Redis's strict ``string2ll``: the integer, or None where Redis rejects it."""
+    if _LL_RE.match(data) is None:
+        return None
+    value = int(data)
+    if value < _LLONG_MIN or value > _LLONG_MAX:
+        return None
+    return value
+
+
+# ----------------------------------------------------------------------------
+# sdssplitargs (sds.c), used for inline requests.
+# ----------------------------------------------------------------------------
+
+_ISSPACE = frozenset(b" \t\n\v\f\r")  # C isspace() in the "C" locale
+_TOKEN_END = frozenset(b" \n\r\t")  # what ends an unquoted token (not \v, \f)
+_HEXDIGITS = frozenset(b"0123456789abcdefABCDEF")
+_ESCAPES = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("b"): b"\b", ord("a"): b"\a"}
+# Lines without quotes, \v or \f split exactly like bytes.split().
+_NEEDS_SLOW_SPLIT = re.compile(rb"[\"'\v\f]")
+
+
+def splitargs(line: bytes) -> list[bytes] | None:
+    """Split an inline request like Redis's ``sdssplitargs``.
+
+    Returns the arguments, or None for unbalanced quotes (including a closing
+    quote followed by something other than a space).  ``line`` must not
+    contain NUL bytes (Redis's line search never returns one).
+    """
+    if _NEEDS_SLOW_SPLIT.search(line) is None:
+        return line.split()
+    n = len(line)
+    i = 0
+    out: list[bytes] = []
+    while True:
+        while i < n and line[i] in _ISSPACE:
+            i += 1
+        if i >= n:
+            return out
+        current = bytearray()
+        inq = insq = False
+        while True:
+            c = line[i] if i < n else 0
+            if inq:
+                if (
+                    c == 0x5C  # backslash
+                    and i + 3 < n
+                    and line[i + 1] == 0x78  # 'x'
+                    and line[i + 2] in _HEXDIGITS
+                    and line[i + 3] in _HEXDIGITS
+                ):
+                    current.append(int(line[i + 2 : i + 4], 16))
+                    i += 3
+                elif c == 0x5C and i + 1 < n:
+                    i += 1
+                    esc = line[i]
+                    current += _ESCAPES.get(esc) or bytes((esc,))
+                elif c == 0x22:  # closing '"' must be followed by a space or the end
+                    if i + 1 < n and line[i + 1] not in _ISSPACE:
+                        return None
+                    i += 1
+                    break
+                elif i >= n:  # unterminated quotes
+                    return None
+                else:
+                    current.append(c)
+            elif insq:
+                if c == 0x5C and i + 1 < n and line[i + 1] == 0x27:
+                    i += 1
+                    current.append(0x27)
+                elif c == 0x27:
+                    if i + 1 < n and line[i + 1] not in _ISSPACE:
+                        return None
+                    i += 1
+                    break
+                elif i >= n:
+                    return None
+                else:
+                    current.append(c)
+            else:
+                if i >= n:
+                    break
+                if c in _TOKEN_END:
+                    i += 1
+                    break
+                if c == 0x22:
+                    inq = True
+                elif c == 0x27:
+                    insq = True
+                else:
+                    current.append(c)
+            i += 1
+        out.append(bytes(current))
+
+
+# ----------------------------------------------------------------------------
+# The parser.
+# ----------------------------------------------------------------------------
+
+
+class ProtocolError(Exception):
+    """The client broke the protocol; the connection must be closed.
+
+    ``reply`` is the exact error reply to send first (after the replies of the
+    commands already parsed), or None to close silently (query buffer limit).
+    ``message`` is the text without ``-ERR`` and line end, for logs.
+    """
+
+    def __init__(self, message: str, reply: bytes | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reply = reply
+
+
+def _protocol_error(text: bytes) -> ProtocolError:
+    return ProtocolError(text.decode("latin-1"), b"-ERR " + text + b"\r\n")
+
+
+def _bulk_overhead(n: int) -> int:
+    """Bytes around an n-byte bulk payload: ``$<n>\\r\\n`` ... ``\\r\\n``."""
+    if n < 10:
+        return 6
+    if n < 100:
+        return 7
+    if n < 1000:
+        return 8
+    if n < 10000:
+        return 9
+    return len(str(n)) + 5
+
+
+_COUNT_HEADER = tuple(len(b"*%d\r\n" % n) for n in range(1000))
+
+
+class RequestParser:
+    """Incremental parser of client requests, byte-compatible with redis-server 7.0.
+
+    Usage::
+
+        parser.feed(data)
+        while (cmd := parser.next_command()) is not NEED_DATA:
+            execute(cmd)          # may flip parser.authenticated
+
+    ``next_command`` raises :class:`ProtocolError` for malformed input, and
+    keeps raising the same error afterwards.  The limits are plain attributes
+    that may change between calls (``CONFIG SET``, ``AUTH``):
+
+    * ``proto_max_bulk_len``: larger bulks are "invalid bulk length";
+    * ``query_buffer_limit``: when :meth:`buffered` would exceed it the client
+      is closed without a reply;
+    * ``authenticated``: when False, Redis's pre-AUTH limits apply (at most 10
+      arguments, bulks of at most 16384 bytes);
+    * ``inline_max``: the longest inline request or count line (64 KiB).
+    """
+
+    __slots__ = (
+        "proto_max_bulk_len",
+        "query_buffer_limit",
+        "inline_max",
+        "authenticated",
+        "use_hiredis",
+        "_buf",
+        "_pos",
+        "_error",
+        "_mbulk",
+        "_bulklen",
+        "_args",
+        "_argbytes",
+        "_scanned",
+        "_reader",
+        "_rend",
+    )
+
+    def __init__(
+        self,
+        *,
+        proto_max_bulk_len: int = 512 * 1024 * 1024,
+        query_buffer_limit: int = 1024**3,
+        inline_max: int = PROTO_INLINE_MAX_SIZE,
+        authenticated: bool = True,
+        use_hiredis: bool = True,
+    ) -> None:
+        self.proto_max_bulk_len = proto_max_bulk_len
+        self.query_buffer_limit = query_buffer_limit
+        self.inline_max = inline_max
+        self.authenticated = authenticated
+        self.use_hiredis = use_hiredis and hiredis is not None
+        # Received bytes; everything before _pos is consumed.  The prefix is
+        # dropped on the next feed() (``del buf[:pos]`` is O(1) in CPython:
+        # it moves the bytearray's start), so commands never pay for it.
+        self._buf = bytearray()
+        self._pos = 0
+        self._error: ProtocolError | None = None
+        # Exact parser state, as Redis's client struct: arguments still
+        # expected (0: not inside a multibulk), length of the bulk being read
+        # (-1: its $ line is not read yet), the arguments read so far.
+        self._mbulk = 0
+        self._bulklen = -1
+        self._args: list[bytes] = []
+        self._argbytes = 0
+        # How many bytes after _pos were already searched for the end of the
+        # current line without finding it, so that a line arriving byte by
+        # byte is not rescanned; inline_max + 1 once the line can never end.
+        self._scanned = 0
+        # Fast path: a hiredis.Reader that has been fed buf[.. _rend] and has
+        # consumed, as accepted commands, everything up to _pos.
+        self._reader = None
+        self._rend = 0
+
+    # -- input ---------------------------------------------------------------
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Append received bytes (copied; the caller may reuse its buffer).
+
+        Over ``query_buffer_limit`` the parser fails: the next
+        :meth:`next_command` raises a ProtocolError with ``reply=None``.
+        Data fed after an error is ignored.
+        """
+        if self._error is not None:
+            return
+        size = len(data) if not isinstance(data, memoryview) else data.nbytes
+        if not size:
+            return
+        buf = self._buf
+        pos = self._pos
+        if self.buffered() + size > self.query_buffer_limit:
+            # Redis checks the query buffer right after read() and closes the
+            # client without a reply; drop the data instead of holding it.
+            self._fail(
+                ProtocolError("Closing client that reached max query buffer length", None)
+            )
+            return
+        if pos:
+            del buf[:pos]
+            self._pos = 0
+            self._rend -= pos
+        buf += data
+
+    def buffered(self) -> int:
+        """Bytes held: unparsed input plus the arguments of a partial command."""
+        return len(self._buf) - self._pos + self._argbytes
+
+    def wanted(self) -> int:
+        """How many bytes the connection should try to read next.
+
+        16 KiB normally, like Redis.  While a big bulk (32 KiB or more) is
+        arriving, the rest of it, so that the read does not run into the next
+        command; but never more than twice what has arrived of it (and at most
+        16 MiB), so a client that declares a huge bulk and sends nothing does
+        not make the connection allocate a huge read buffer.
+        """
+        if self._mbulk and self._bulklen >= PROTO_MBULK_BIG_ARG:
+            have = len(self._buf) - self._pos
+            remaining = self._bulklen + 2 - have
+            if remaining > 0:
+                return min(remaining, max(PROTO_IOBUF_LEN, min(have, _BIG_READ_MAX)))
+        return PROTO_IOBUF_LEN
+
+    # -- output --------------------------------------------------------------
+
+    def next_command(self) -> list[bytes] | _NeedData:
+        """Parse and return the next command, or NEED_DATA.
+
+        Raises :class:`ProtocolError` where Redis would reply with a protocol
+        error and close the connection; every later call raises it again.
+        """
+        if self._error is not None:
+            raise self._error
+        reader = self._reader
+        if reader is None:
+            # Start the fast path only at the beginning of a multibulk request
+            # that the exact parser has not started on.
+            if not self.use_hiredis or self._mbulk or self._scanned:
+                return self._exact()
+            pos = self._pos
+            buf = self._buf
+            if pos >= len(buf) or buf[pos] != _STAR:
+                return self._exact()
+            reader = self._reader = hiredis.Reader()
+            self._rend = pos
+        result = self._fast(reader)
+        if result is None:
+            self._reader = None
+            return self._exact()
+        return result
+
+    # -- fast path -----------------------------------------------------------
+
+    def _fast(self, reader):
+        """Next command from hiredis, NEED_DATA, or None to use the exact parser."""
+        buf = self._buf
+        while True:
+            try:
+                res = reader.gets()
+            except Exception:  # hiredis.ProtocolError and friends: let the exact parser say it
+                return None
+            if res is not False:
+                break
+            end = len(buf)
+            rend = self._rend
+            if rend < end and rend - self._pos < _FAST_MAX:
+                # Doubling, so that a long line is not rescanned by hiredis too often.
+                stop = min(end, rend + max(_FAST_CHUNK, rend - self._pos))
+                reader.feed(buf, rend, stop - rend)
+                self._rend = stop
+                continue
+            # Nothing buffered: keep the reader for the next feed.  A partial
+            # request goes to the exact parser, which reads it incrementally.
+            return NEED_DATA if self._pos == end else None
+
+        # hiredis accepts more than Redis does (RESP3 types, "+" items, null
+        # bulks ...).  Accept only an array of bulk strings, within limits,
+        # whose bytes are laid out canonically: hiredis's number parsing is
+        # as strict as Redis's, so with '*' and each '$' at the canonical
+        # offsets the request is exactly what Redis would have parsed, and
+        # its length tells how far to advance.
+        if type(res) is not list:
+            return None
+        pos = self._pos
+        count = len(res)
+        if not count or buf[pos] != _STAR:
+            return None
+        if self.authenticated:
+            limit = self.proto_max_bulk_len
+        else:
+            if count > _UNAUTH_MAX_MULTIBULK:
+                return None
+            limit = min(self.proto_max_bulk_len, _UNAUTH_MAX_BULK)
+        p = pos + (_COUNT_HEADER[count] if count < 1000 else len(b"*%d\r\n" % count))
+        for arg in res:
+            if type(arg) is not bytes or buf[p] != _DOLLAR:
+                return None
+            n = len(arg)
+            if n > limit:
+                return None
+            p += n + (_bulk_overhead(n) if n >= 10 else 6)
+        self._pos = p
+        return res
+
+    # -- exact parser --------------------------------------------------------
+
+    def _fail(self, error: ProtocolError):
+        self._error = error
+        self._reader = None
+        self._buf = bytearray()
+        self._pos = self._rend = 0
+        self._args = []
+        self._argbytes = 0
+        return error
+
+    def _find_line(self, sep: int, too_big: bytes) -> int:
+        """Index of the ``sep`` byte ending the line at _pos, or -1 (need data).
+
+        Like Redis's ``strchr`` search: a NUL byte before ``sep`` hides it.
+        Raises ProtocolError(too_big) when more than inline_max bytes are
+        pending and the line cannot end within them.
+        """
+        buf = self._buf
+        pos = self._pos
+        end = len(buf)
+        limit = self.inline_max
+        stop = min(end, pos + limit + 1)
+        start = pos + self._scanned
+        if start < stop:
+            r = buf.find(sep, start, stop)
+            if r >= 0:
+                if buf.find(0, pos, r) < 0:
+                    return r
+                self._scanned = limit + 1  # a NUL comes first: never ends
+            else:
+                self._scanned = stop - pos
+        if end - pos > limit:
+            raise self._fail(_protocol_error(too_big))
+        return -1
+
+    def _exact(self):
+        """The exact parser: next command, NEED_DATA, or raise ProtocolError."""
+        buf = self._buf
+        while True:
+            pos = self._pos
+            end = len(buf)
+            if not self._mbulk:
+                if pos >= end:
+                    return NEED_DATA
+                if buf[pos] != _STAR:
+                    cmd = self._inline()
+                    if cmd:  # NEED_DATA and [] (blank line) are both falsy
+                        return cmd
+                    if cmd is NEED_DATA:
+                        return NEED_DATA
+                    continue
+                r = self._find_line(_CR, b"Protocol error: too big mbulk count string")
+                if r < 0 or r + 1 >= end:  # need the byte after '\r' too
+                    if r >= 0:
+                        self._scanned = r - pos
+                    return NEED_DATA
+                count = _string2ll(buf[pos + 1 : r])
+                if count is None or count > INT_MAX:
+                    raise self._fail(_protocol_error(b"Protocol error: invalid multibulk length"))
+                if count > _UNAUTH_MAX_MULTIBULK and not self.authenticated:
+                    raise self._fail(
+                        _protocol_error(b"Protocol error: unauthenticated multibulk length")
+                    )
+                self._pos = pos = r + 2
+                self._scanned = 0
+                if count <= 0:
+                    continue  # "*0" and "*-1" are consumed silently
+                self._mbulk = count
+
+            while self._mbulk:
+                bulklen = self._bulklen
+                if bulklen < 0:
+                    r = self._find_line(_CR, b"Protocol error: too big bulk count string")
+                    if r < 0 or r + 1 >= end:
+                        if r >= 0:
+                            self._scanned = r - pos
+                        return NEED_DATA
+                    first = buf[pos]
+                    if first != _DOLLAR:
+                        # addReplyErrorFormat turns CR and LF into spaces.
+                        shown = b" " if first in (_CR, _LF) else bytes((first,))
+                        raise self._fail(
+                            _protocol_error(b"Protocol error: expected '$', got '" + shown + b"'")
+                        )
+                    bulklen = _string2ll(buf[pos + 1 : r])
+                    if bulklen is None or bulklen < 0 or bulklen > self.proto_max_bulk_len:
+                        raise self._fail(_protocol_error(b"Protocol error: invalid bulk length"))
+                    if bulklen > _UNAUTH_MAX_BULK and not self.authenticated:
+                        raise self._fail(
+                            _protocol_error(b"Protocol error: unauthenticated bulk length")
+                        )
+                    self._pos = pos = r + 2
+                    self._scanned = 0
+                    self._bulklen = bulklen
+                # The payload plus two bytes that Redis skips without checking.
+                if end - pos < bulklen + 2:
+                    return NEED_DATA
+                if bulklen < 4096:
+                    arg = bytes(buf[pos : pos + bulklen])
+                else:  # one copy instead of two
+                    with memoryview(buf) as view:
+                        arg = view[pos : pos + bulklen].tobytes()
+                self._args.append(arg)
+                self._argbytes += bulklen
+                self._pos = pos = pos + bulklen + 2
+                self._bulklen = -1
+                self._mbulk -= 1
+
+            args = self._args
+            self._args = []
+            self._argbytes = 0
+            return args
+
+    def _inline(self):
+        """Parse one inline request: its arguments ([] for a blank line) or NEED_DATA."""
+        r = self._find_line(_LF, b"Protocol error: too big inline request")
+        if r < 0:
+            return NEED_DATA
+        buf = self._buf
+        pos = self._pos
+        e = r - 1 if r > pos and buf[r - 1] == _CR else r
+        args = splitargs(bytes(buf[pos:e]))
+        if args is None:
+            raise self._fail(_protocol_error(b"Protocol error: unbalanced quotes in request"))
+        self._pos = r + 1
+        self._scanned = 0
+        return args

@@ -1,0 +1,125 @@
+"""Stock Redis tools against pfxcached: redis-cli (one-shot, -3, --pipe, --stat,
+interactive through a pty) and redis-benchmark."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pexpect
+import pytest
+
+
+def cli(daemon, *args: str, input: bytes | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["redis-cli", "-h", daemon.host, "-p", str(daemon.port), *args],
+        input=input,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
+def test_one_shot_commands(daemon):
+    assert cli(daemon, "PING").stdout == b"PONG\n"
+    assert cli(daemon, "ECHO", "hello world").stdout == b"hello world\n"
+    assert cli(daemon, "DBSIZE").stdout == b"(integer) 0\n" or cli(daemon, "DBSIZE").stdout == b"0\n"
+    result = cli(daemon, "NOSUCHCOMMAND", "x")
+    assert b"unknown command 'NOSUCHCOMMAND', with args beginning with: 'x'" in result.stdout
+    config = cli(daemon, "CONFIG", "GET", "port").stdout.split()
+    assert config == [b"port", str(daemon.port).encode()]
+
+
+def test_resp3_mode(daemon):
+    result = cli(daemon, "-3", "HELLO")
+    assert result.returncode == 0
+    assert b"proto" in result.stdout and b"3" in result.stdout
+    # A RESP3 map comes back formatted as a map, a verbatim INFO as text.
+    info = cli(daemon, "-3", "INFO", "server").stdout
+    assert b"# Server" in info and b"redis_version:" in info
+
+
+def test_pipe_mass_insert(daemon):
+    lines = b"".join(b"ECHO item-%d\r\n" % i for i in range(5000)) + b"*1\r\n$4\r\nPING\r\n" * 1000
+    result = cli(daemon, "--pipe", input=lines)
+    assert result.returncode == 0, result.stderr
+    assert b"errors: 0, replies: 6000" in result.stdout
+
+
+def test_pipe_counts_errors(daemon):
+    result = cli(daemon, "--pipe", input=b"PING\r\nNOPE\r\nSELECT 3\r\n")
+    assert b"errors: 2, replies: 3" in result.stdout
+
+
+def test_stat_mode_reads_info(daemon):
+    proc = subprocess.Popen(
+        ["redis-cli", "-h", daemon.host, "-p", str(daemon.port), "--stat", "-i", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = proc.communicate(timeout=2.5)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, err = proc.communicate()
+    text = out.decode()
+    assert "keys" in text and "clients" in text and "requests" in text, text + err.decode()
+    # Each data row shows the client count and memory read from INFO.
+    rows = [line for line in text.splitlines() if line and line[0].isdigit()]
+    assert rows, text
+    assert "ERR" not in text and "Error" not in text
+
+
+def test_interactive_mode_hints(daemon):
+    child = pexpect.spawn("redis-cli", ["-h", daemon.host, "-p", str(daemon.port)], timeout=10, env={"TERM": "xterm", "PATH": "/usr/bin:/bin"})
+    try:
+        prompt = f"{daemon.host}:{daemon.port}>"
+        child.expect_exact(prompt)
+        # Typing a command name shows its argument hint, built from COMMAND DOCS.
+        child.send("CLIENT SETNAME ")
+        child.expect("name")
+        child.send("\x15")  # clear the line
+        child.sendline("PING")
+        child.expect_exact("PONG")
+        child.sendline("HELP CONFIG SET")
+        child.expect("CONFIG SET")
+        child.expect_exact(prompt)
+        child.sendline("ECHO still-alive")
+        child.expect_exact("still-alive")
+        child.sendline("QUIT")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus in (0, None) and child.signalstatus is None
+
+
+@pytest.mark.parametrize("pipeline", ["1", "16"])
+def test_benchmark_ping(daemon, pipeline):
+    result = subprocess.run(
+        ["redis-benchmark", "-h", daemon.host, "-p", str(daemon.port), "-t", "ping", "-n", "20000", "-c", "20",
+         "-P", pipeline, "-q"],
+        capture_output=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    text = result.stdout.decode()
+    assert "PING_INLINE:" in text and "PING_MBULK:" in text and "requests per second" in text
+
+
+def test_benchmark_custom_command(daemon):
+    result = subprocess.run(
+        ["redis-benchmark", "-h", daemon.host, "-p", str(daemon.port), "-n", "10000", "-c", "10", "-r", "1000",
+         "-q", "ECHO", "key:__rand_int__"],
+        capture_output=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert b"requests per second" in result.stdout
+
+
+def test_benchmark_stops_on_error_reply(daemon):
+    result = subprocess.run(
+        ["redis-benchmark", "-h", daemon.host, "-p", str(daemon.port), "-n", "1000", "-c", "2", "-q", "SELECT", "5"],
+        capture_output=True,
+        timeout=60,
+    )
+    # redis-benchmark ends the run on an error reply, as it does against redis-server.
+    assert result.returncode != 0 or b"ERR" in result.stdout + result.stderr
