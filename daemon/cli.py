@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc.message, file=sys.stderr)
         return 1
+    try:
+        os.chdir(config["dir"])
+    except OSError as exc:
+        print(f"Can't chdir to '{config['dir']}': {exc.strerror}", file=sys.stderr)
+        return 1
     logs.configure(config["loglevel"], config["logfile"])
     logs.log.info("pfxcached %s starting (Redis %s compatible), pid=%d", __version__, REDIS_COMPAT_VERSION, os.getpid())
     server = Server(config)

@@ -62,8 +62,9 @@ def execute(ctx: Context, argv: list[bytes]) -> Any:
     spec = server.commands.resolve(argv)
     if spec.__class__ is Error:
         _record_error(stats, spec)
-        known = server.commands.get(argv[0].decode("utf-8", "replace").lower())
-        if known is not None:
+        # Redis counts a rejected call only for a command it found (an arity error).
+        known = server.commands.lookup(argv)
+        if known is not None and not known.arity_ok(len(argv)):
             stats.command(known.fullname).rejected_calls += 1
         return spec
     client = ctx.client

@@ -42,6 +42,7 @@ log = logging.getLogger("pfxcached")
 REDIS_COMPAT_VERSION = "7.0.15"
 
 MAX_CLIENTS_ERROR = b"-ERR max number of clients reached\r\n"
+# Byte for byte redis-server 7.0.15's text, typo ("Setup a an") included.
 PROTECTED_MODE_ERROR = (
     b"-DENIED Redis is running in protected mode because protected mode is enabled and no password is set "
     b"for the default user. In this mode connections are only accepted from the loopback interface. If you "
@@ -51,7 +52,7 @@ PROTECTED_MODE_ERROR = (
     b"accessible from internet if you do so. Use CONFIG REWRITE to make this change permanent. 2) Alternatively "
     b"you can just disable the protected mode by editing the Redis configuration file, and setting the protected "
     b"mode option to 'no', and then restarting the server. 3) If you started the server manually just for "
-    b"testing, restart it with the '--protected-mode no' option. 4) Set up an authentication password for the "
+    b"testing, restart it with the '--protected-mode no' option. 4) Setup a an authentication password for the "
     b"default user. NOTE: You only need to do one of the above things in order for the server to start "
     b"accepting connections from the outside.\r\n"
 )

@@ -29,12 +29,20 @@ The module is sans-IO: the connection feeds received bytes with
 :meth:`RequestParser.next_command`, executing each before asking for the next
 (``AUTH`` changes the limits that apply to the following command).
 
-Fast path: complete multibulk requests are decoded by ``hiredis.Reader`` (C)
-and accepted only after checking that they are plain arrays of bulk strings
-within the current limits, laid out byte for byte as a canonical encoding;
-everything else (inline requests, partial requests, errors, RESP3 types,
-limits) goes through the exact hand-written parser, which alone defines the
-behaviour.  ``use_hiredis=False`` disables the fast path (tests compare both).
+Fast path: complete multibulk requests of up to a few KiB are decoded by
+``hiredis.Reader`` (C) and accepted only after checking that they are plain
+arrays of bulk strings within the current limits, laid out byte for byte as a
+canonical encoding; everything else (inline requests, partial requests,
+errors, RESP3 types, limits, big requests) goes through the exact hand-written
+parser, which alone defines the behaviour.  ``use_hiredis=False`` disables
+the fast path (tests compare both).
+
+hiredis-py allocates a Python list of the announced size as soon as it reads
+an aggregate header (``*``, ``~``, ``>``, ``|``, ``%``), and freeing a list
+announced as ``*4000000000`` takes seconds of CPU.  Redis itself would wait
+for such a request (or reject it as "expected '$'" when nested), so bytes in
+which an aggregate type byte is followed by 6 or more digits are never shown
+to hiredis (see ``_GUARD``).
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ try:  # hiredis is a hard dependency of pfxcache, but the exact parser does not 
 except ImportError:  # pragma: no cover
     hiredis = None
 
-__all__ = ["NEED_DATA", "ProtocolError", "RequestParser"]
+__all__ = ["NEED_DATA", "ProtocolError", "RequestParser", "splitargs"]
 
 
 class _NeedData:
@@ -73,17 +81,29 @@ _UNAUTH_MAX_MULTIBULK = 10
 _UNAUTH_MAX_BULK = 16384
 
 #: The fast path gives a request back to the exact parser once hiredis holds
-#: this many bytes of it without completing it (big payloads are cheaper there).
-_FAST_MAX = 1024 * 1024
-#: Bytes handed to hiredis at a time; small, so that falling back to the exact
-#: parser (which costs a fresh Reader) never copies much.
+#: this many bytes of it without completing it, and is not tried again until
+#: the exact parser sees a request smaller than this: for big payloads the
+#: guard scan below costs more than the exact parser's per-request overhead.
+_FAST_LIMIT = 8 * 1024
+#: Bytes handed to hiredis at a time.
 _FAST_CHUNK = 16 * 1024
+
+# The guard: a translation that maps digits to "D", aggregate type bytes to
+# "T" and everything else to "x", and the pattern of an aggregate header
+# announcing 100000 elements or more.  (Redis's and hiredis's string2ll allow
+# no sign or blank before the digits, so this is the only spelling.)
+_GUARD = bytes(
+    ord("D") if c in b"0123456789" else ord("T") if c in b"*~>|%" else ord("x")
+    for c in range(256)
+)
+_GUARD_PATTERN = b"TDDDDDD"
+#: A buffer this big is freed as soon as it is all consumed.
+_RELEASE_NOW = 1024 * 1024
 #: Upper bound of :meth:`RequestParser.wanted` while a big bulk is arriving.
 _BIG_READ_MAX = 16 * 1024 * 1024
 
-# string2ll: optional '-', no leading zeros, "0" alone; at most 20 characters
-# (LONG_STR_SIZE is 21); the range check is done on the int.
-_LL_RE = re.compile(rb"(?:-?[1-9][0-9]{0,19}|0)\Z")
+_TOO_BIG_MBULK = b"Protocol error: too big mbulk count string"
+_TOO_BIG_BULK = b"Protocol error: too big bulk count string"
 
 _CR = 13
 _LF = 10
@@ -92,11 +112,19 @@ _DOLLAR = 36
 
 
 def _string2ll(data: bytes | bytearray) -> int | None:
-    """Redis's strict ``string2ll``: the integer, or None where Redis rejects it."""
-    if _LL_RE.match(data) is None:
+    """Redis's strict ``string2ll``: the integer, or None where Redis rejects it.
+
+    ``int()`` also accepts blanks, '+', '_' and leading zeros; each of those
+    makes the text longer than the canonical spelling of its value, which
+    string2ll requires ("-0" is rejected the same way).
+    """
+    if not 0 < len(data) < 21:  # LONG_STR_SIZE
         return None
-    value = int(data)
-    if value < _LLONG_MIN or value > _LLONG_MAX:
+    try:
+        value = int(data)
+    except ValueError:
+        return None
+    if len(data) != len(str(value)) or not _LLONG_MIN <= value <= _LLONG_MAX:
         return None
     return value
 
@@ -209,19 +237,7 @@ def _protocol_error(text: bytes) -> ProtocolError:
     return ProtocolError(text.decode("latin-1"), b"-ERR " + text + b"\r\n")
 
 
-def _bulk_overhead(n: int) -> int:
-    """Bytes around an n-byte bulk payload: ``$<n>\\r\\n`` ... ``\\r\\n``."""
-    if n < 10:
-        return 6
-    if n < 100:
-        return 7
-    if n < 1000:
-        return 8
-    if n < 10000:
-        return 9
-    return len(str(n)) + 5
-
-
+#: len(b"*%d\r\n" % n) for small n.
 _COUNT_HEADER = tuple(len(b"*%d\r\n" % n) for n in range(1000))
 
 
@@ -247,21 +263,22 @@ class RequestParser:
     """
 
     __slots__ = (
-        "proto_max_bulk_len",
-        "query_buffer_limit",
-        "inline_max",
-        "authenticated",
-        "use_hiredis",
-        "_buf",
-        "_pos",
-        "_error",
-        "_mbulk",
-        "_bulklen",
-        "_args",
         "_argbytes",
-        "_scanned",
+        "_args",
+        "_buf",
+        "_bulklen",
+        "_error",
+        "_fast_ok",
+        "_mbulk",
+        "_pos",
         "_reader",
         "_rend",
+        "_scanned",
+        "authenticated",
+        "inline_max",
+        "proto_max_bulk_len",
+        "query_buffer_limit",
+        "use_hiredis",
     )
 
     def __init__(
@@ -277,7 +294,10 @@ class RequestParser:
         self.query_buffer_limit = query_buffer_limit
         self.inline_max = inline_max
         self.authenticated = authenticated
-        self.use_hiredis = use_hiredis and hiredis is not None
+        #: Whether the hiredis fast path may be used (a constructor choice).
+        #: hiredis knows no line limit, so it needs one longer than any valid
+        #: count line; Redis's is 64 KiB, smaller ones are for tests.
+        self.use_hiredis = use_hiredis and hiredis is not None and inline_max >= 32
         # Received bytes; everything before _pos is consumed.  The prefix is
         # dropped on the next feed() (``del buf[:pos]`` is O(1) in CPython:
         # it moves the bytearray's start), so commands never pay for it.
@@ -296,9 +316,11 @@ class RequestParser:
         # byte is not rescanned; inline_max + 1 once the line can never end.
         self._scanned = 0
         # Fast path: a hiredis.Reader that has been fed buf[.. _rend] and has
-        # consumed, as accepted commands, everything up to _pos.
+        # consumed, as accepted commands, everything up to _pos.  _fast_ok is
+        # False while requests are big (see _FAST_LIMIT).
         self._reader = None
         self._rend = 0
+        self._fast_ok = self.use_hiredis
 
     # -- input ---------------------------------------------------------------
 
@@ -357,21 +379,23 @@ class RequestParser:
         Raises :class:`ProtocolError` where Redis would reply with a protocol
         error and close the connection; every later call raises it again.
         """
-        if self._error is not None:
-            raise self._error
-        reader = self._reader
-        if reader is None:
+        error = self._error
+        if error is not None:
+            # A fresh exception each time: one stored with a traceback would
+            # keep the frames (and their buffers) alive in a reference cycle.
+            raise ProtocolError(error.message, error.reply)
+        if self._reader is None:
             # Start the fast path only at the beginning of a multibulk request
             # that the exact parser has not started on.
-            if not self.use_hiredis or self._mbulk or self._scanned:
+            if not self._fast_ok or self._mbulk or self._scanned:
                 return self._exact()
             pos = self._pos
             buf = self._buf
             if pos >= len(buf) or buf[pos] != _STAR:
                 return self._exact()
-            reader = self._reader = hiredis.Reader()
+            self._reader = hiredis.Reader()
             self._rend = pos
-        result = self._fast(reader)
+        result = self._fast()
         if result is None:
             self._reader = None
             return self._exact()
@@ -379,27 +403,41 @@ class RequestParser:
 
     # -- fast path -----------------------------------------------------------
 
-    def _fast(self, reader):
+    def _fast(self):
         """Next command from hiredis, NEED_DATA, or None to use the exact parser."""
+        reader = self._reader
         buf = self._buf
         while True:
             try:
                 res = reader.gets()
-            except Exception:  # hiredis.ProtocolError and friends: let the exact parser say it
+            except hiredis.HiredisError:  # ProtocolError: let the exact parser say it
                 return None
             if res is not False:
                 break
             end = len(buf)
+            pos = self._pos
             rend = self._rend
-            if rend < end and rend - self._pos < _FAST_MAX:
-                # Doubling, so that a long line is not rescanned by hiredis too often.
-                stop = min(end, rend + max(_FAST_CHUNK, rend - self._pos))
-                reader.feed(buf, rend, stop - rend)
-                self._rend = stop
-                continue
+            if rend - pos >= _FAST_LIMIT:
+                self._fast_ok = False  # a big request: the exact parser is cheaper
+                return None
+            if rend < end:
+                stop = min(end, rend + _FAST_CHUNK)
+                # Never let hiredis see a big aggregate header (its list would
+                # be allocated and later freed slot by slot): feed it only up
+                # to such a header; the request there goes to the exact parser.
+                # The scan starts a little back to catch headers cut in two.
+                scan_from = max(pos, rend - len(_GUARD_PATTERN) + 1)
+                hit = buf[scan_from:stop].translate(_GUARD).find(_GUARD_PATTERN)
+                if hit >= 0:
+                    stop = scan_from + hit
+                if stop > rend:
+                    reader.feed(buf, rend, stop - rend)
+                    self._rend = stop
+                    continue
             # Nothing buffered: keep the reader for the next feed.  A partial
-            # request goes to the exact parser, which reads it incrementally.
-            return NEED_DATA if self._pos == end else None
+            # (or guarded) request goes to the exact parser, which reads it
+            # incrementally.
+            return NEED_DATA if pos == end else None
 
         # hiredis accepts more than Redis does (RESP3 types, "+" items, null
         # bulks ...).  Accept only an array of bulk strings, within limits,
@@ -420,36 +458,41 @@ class RequestParser:
                 return None
             limit = min(self.proto_max_bulk_len, _UNAUTH_MAX_BULK)
         p = pos + (_COUNT_HEADER[count] if count < 1000 else len(b"*%d\r\n" % count))
+        # Each item takes "$<len>\r\n" + payload + 2 bytes.  (Hot loop:
+        # literals rather than _DOLLAR and a helper function.)
         for arg in res:
-            if type(arg) is not bytes or buf[p] != _DOLLAR:
+            if type(arg) is not bytes or buf[p] != 36:
                 return None
             n = len(arg)
             if n > limit:
                 return None
-            p += n + (_bulk_overhead(n) if n >= 10 else 6)
+            p += n + (
+                6 if n < 10 else 7 if n < 100 else 8 if n < 1000 else 9 if n < 10000 else len(str(n)) + 5
+            )
         self._pos = p
         return res
 
     # -- exact parser --------------------------------------------------------
 
-    def _fail(self, error: ProtocolError):
-        self._error = error
+    def _fail(self, error: ProtocolError) -> ProtocolError:
+        """Enter the failed state (dropping all buffered data); return ``error`` to raise."""
+        self._error = ProtocolError(error.message, error.reply)
         self._reader = None
         self._buf = bytearray()
-        self._pos = self._rend = 0
+        self._pos = self._rend = self._scanned = self._mbulk = 0
+        self._bulklen = -1
         self._args = []
         self._argbytes = 0
         return error
 
-    def _find_line(self, sep: int, too_big: bytes) -> int:
-        """Index of the ``sep`` byte ending the line at _pos, or -1 (need data).
+    def _find_line(self, pos: int, sep: int, too_big: bytes) -> int:
+        """Index of the ``sep`` byte ending the line at ``pos``, or -1 (need data).
 
         Like Redis's ``strchr`` search: a NUL byte before ``sep`` hides it.
         Raises ProtocolError(too_big) when more than inline_max bytes are
         pending and the line cannot end within them.
         """
         buf = self._buf
-        pos = self._pos
         end = len(buf)
         limit = self.inline_max
         stop = min(end, pos + limit + 1)
@@ -466,26 +509,43 @@ class RequestParser:
             raise self._fail(_protocol_error(too_big))
         return -1
 
+    def _count_line(self, pos: int, end: int, too_big: bytes) -> int:
+        """Index of the '\r' ending the count line at ``pos`` once the byte
+        after it has arrived too (Redis skips that byte unchecked), else -1."""
+        if not self._scanned:
+            # Common case, no bookkeeping: a short line, all there, no NUL.
+            r = self._buf.find(_CR, pos, pos + 24)
+            if 0 <= r - pos <= self.inline_max and r + 1 < end and self._buf.find(0, pos, r) < 0:
+                return r
+        r = self._find_line(pos, _CR, too_big)
+        if r >= 0 and r + 1 >= end:
+            self._scanned = r - pos  # found; the next search starts there
+            return -1
+        return r
+
     def _exact(self):
-        """The exact parser: next command, NEED_DATA, or raise ProtocolError."""
+        """The exact parser: next command, NEED_DATA, or raise ProtocolError.
+
+        Works like processMultibulkBuffer: the state of a partial request
+        (_mbulk, _bulklen, _args) survives between calls, so a request that
+        arrives in many pieces is never rescanned.
+        """
         buf = self._buf
+        end = len(buf)
         while True:
             pos = self._pos
-            end = len(buf)
             if not self._mbulk:
                 if pos >= end:
                     return NEED_DATA
                 if buf[pos] != _STAR:
-                    cmd = self._inline()
+                    cmd = self._inline(pos)
                     if cmd:  # NEED_DATA and [] (blank line) are both falsy
                         return cmd
                     if cmd is NEED_DATA:
                         return NEED_DATA
                     continue
-                r = self._find_line(_CR, b"Protocol error: too big mbulk count string")
-                if r < 0 or r + 1 >= end:  # need the byte after '\r' too
-                    if r >= 0:
-                        self._scanned = r - pos
+                r = self._count_line(pos, end, _TOO_BIG_MBULK)
+                if r < 0:
                     return NEED_DATA
                 count = _string2ll(buf[pos + 1 : r])
                 if count is None or count > INT_MAX:
@@ -500,14 +560,16 @@ class RequestParser:
                     continue  # "*0" and "*-1" are consumed silently
                 self._mbulk = count
 
-            while self._mbulk:
-                bulklen = self._bulklen
+            # Arguments.  State lives in locals here and is stored back
+            # before returning or calling a helper that reads it.
+            mbulk = self._mbulk
+            bulklen = self._bulklen
+            args = self._args
+            while mbulk:
                 if bulklen < 0:
-                    r = self._find_line(_CR, b"Protocol error: too big bulk count string")
-                    if r < 0 or r + 1 >= end:
-                        if r >= 0:
-                            self._scanned = r - pos
-                        return NEED_DATA
+                    r = self._count_line(pos, end, _TOO_BIG_BULK)
+                    if r < 0:
+                        break
                     first = buf[pos]
                     if first != _DOLLAR:
                         # addReplyErrorFormat turns CR and LF into spaces.
@@ -522,35 +584,43 @@ class RequestParser:
                         raise self._fail(
                             _protocol_error(b"Protocol error: unauthenticated bulk length")
                         )
-                    self._pos = pos = r + 2
+                    pos = r + 2
                     self._scanned = 0
-                    self._bulklen = bulklen
                 # The payload plus two bytes that Redis skips without checking.
                 if end - pos < bulklen + 2:
-                    return NEED_DATA
+                    break
                 if bulklen < 4096:
-                    arg = bytes(buf[pos : pos + bulklen])
+                    args.append(bytes(buf[pos : pos + bulklen]))
                 else:  # one copy instead of two
                     with memoryview(buf) as view:
-                        arg = view[pos : pos + bulklen].tobytes()
-                self._args.append(arg)
+                        args.append(view[pos : pos + bulklen].tobytes())
                 self._argbytes += bulklen
-                self._pos = pos = pos + bulklen + 2
-                self._bulklen = -1
-                self._mbulk -= 1
+                pos += bulklen + 2
+                bulklen = -1
+                mbulk -= 1
+            self._pos = pos
+            self._mbulk = mbulk
+            self._bulklen = bulklen
+            if mbulk:
+                return NEED_DATA
 
-            args = self._args
+            # Back to the fast path after this request, unless requests are big.
+            self._fast_ok = self.use_hiredis and self._argbytes < _FAST_LIMIT
+            if pos == end and end >= _RELEASE_NOW:
+                # A big request used the whole buffer: free it now rather than
+                # at the next feed(), while the command holds a copy.
+                buf.clear()
+                self._pos = 0
             self._args = []
             self._argbytes = 0
             return args
 
-    def _inline(self):
+    def _inline(self, pos: int):
         """Parse one inline request: its arguments ([] for a blank line) or NEED_DATA."""
-        r = self._find_line(_LF, b"Protocol error: too big inline request")
+        r = self._find_line(pos, _LF, b"Protocol error: too big inline request")
         if r < 0:
             return NEED_DATA
         buf = self._buf
-        pos = self._pos
         e = r - 1 if r > pos and buf[r - 1] == _CR else r
         args = splitargs(bytes(buf[pos:e]))
         if args is None:

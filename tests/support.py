@@ -117,7 +117,7 @@ def start_redis_server(*args: str) -> RedisServer:
         port = free_port()
         proc = subprocess.Popen(
             [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--daemonize", "no", "--logfile", "", "--loglevel", "warning", *args],
+             "--daemonize", "no", "--logfile", "", *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -98,7 +98,7 @@ COMMAND_CASES = {
 @pytest.fixture(scope="module")
 def pair():
     ours = start_daemon()
-    reference = start_redis_server()
+    reference = start_redis_server("--databases", "1")  # pfxcached has db 0 only
     yield ours, reference
     reference.stop()
     assert ours.stop() == 0, ours.log_text()
@@ -125,7 +125,7 @@ def test_command_replies_match_redis(pair, name):
 @pytest.fixture(scope="module")
 def password_pair():
     ours = start_daemon("--requirepass", "s3cret")
-    reference = start_redis_server("--requirepass", "s3cret")
+    reference = start_redis_server("--requirepass", "s3cret", "--databases", "1")
     yield ours, reference
     reference.stop()
     assert ours.stop() == 0, ours.log_text()

@@ -7,9 +7,11 @@ same bytes to a real redis-server and compare replies and closing.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
-import select
+import re
+import selectors
 import socket
 import subprocess
 import sys
@@ -19,8 +21,12 @@ import hiredis
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from pfxcache.protocol.requests import NEED_DATA, ProtocolError, RequestParser, splitargs
+from pfxcache.protocol.requests import (
+    NEED_DATA,
+    ProtocolError,
+    RequestParser,
+    splitargs,
+)
 
 FAST_AND_EXACT = pytest.mark.parametrize("use_hiredis", [True, False], ids=["fast", "exact"])
 KIB = 1024
@@ -59,7 +65,7 @@ def events(data: bytes, chunks=None, **kwargs) -> list:
         pieces = [data[i : i + chunks] for i in range(0, len(data), chunks)]
     else:
         cuts = [0, *sorted(chunks), len(data)]
-        pieces = [data[a:b] for a, b in zip(cuts, cuts[1:])]
+        pieces = [data[a:b] for a, b in itertools.pairwise(cuts)]
     out: list = []
     for piece in pieces:
         parser.feed(piece)
@@ -192,7 +198,7 @@ def test_error_is_sticky(use_hiredis):
     for _ in range(3):
         with pytest.raises(ProtocolError) as again:
             parser.next_command()
-        assert again.value is first.value
+        assert (again.value.reply, again.value.message) == (first.value.reply, first.value.message)
     assert parser.buffered() == 0
 
 
@@ -394,6 +400,7 @@ def test_large_bulk_in_small_pieces(use_hiredis):
         drain(parser, out)
     assert out == [[b"SET", b"big", value], [b"GET", b"big"]]
     assert max_wanted > 16 * KIB  # the reader was told to read big
+    assert sys.getsizeof(parser._buf) < 64 * KIB  # the big buffer was released
     assert parser.buffered() == 0
     assert parser.wanted() == 16 * KIB
 
@@ -445,7 +452,7 @@ def test_query_buffer_limit(use_hiredis):
     assert parser.buffered() == 0
     with pytest.raises(ProtocolError) as again:
         parser.next_command()
-    assert again.value is exc.value
+    assert (again.value.reply, again.value.message) == (None, exc.value.message)
 
 
 @FAST_AND_EXACT
@@ -621,7 +628,7 @@ def test_fast_path_does_not_call_exact_parser(monkeypatch):
     assert calls == []
 
 
-def test_fast_path_falls_back_on_partial_request(monkeypatch):
+def test_fast_path_falls_back_on_partial_request():
     parser = RequestParser()
     data = enc([b"SET", b"key", b"v" * 100]) * 3
     parser.feed(data[:-10])
@@ -629,12 +636,153 @@ def test_fast_path_falls_back_on_partial_request(monkeypatch):
     assert parser.next_command() == [b"SET", b"key", b"v" * 100]
     assert parser.next_command() is NEED_DATA
     assert parser._reader is None  # the exact parser owns the partial request
-    assert parser.buffered() == len(data) // 3 - 10
+    # The SET and key arguments, and 92 bytes of the value (its $100 header is consumed).
+    assert parser.buffered() == 3 + 3 + 92
     parser.feed(data[-10:] + data)
     out: list = []
     drain(parser, out)
     assert out == [[b"SET", b"key", b"v" * 100]] * 4
     assert parser._reader is not None  # back on the fast path
+
+
+BIG_AGGREGATES = [
+    b"*2147483647\r\n$1\r\nx\r\n",  # valid for Redis: it waits for the rest
+    b"*1\r\n*2147483647\r\n$1\r\nx\r\n",
+    b"*2\r\n$1\r\nx\r\n>2147483647\r\n$1\r\nx\r\n",
+    b"*2\r\n$1\r\nxAB~2147483647\r\n$1\r\nx\r\n",  # after the 2 unchecked bytes
+    b"*2\r\n$1\r\nx\r\n|4000000000\r\n$1\r\nx\r\n",
+    b"*3\r\n$1\r\nx\r\n%4000000000\r\n$1\r\nx\r\n",
+]
+
+
+class _SpyReader:
+    """A hiredis.Reader that records everything it is fed."""
+
+    def __init__(self, streams: list):
+        self._real = hiredis.Reader()
+        self.stream = bytearray()
+        streams.append(self.stream)
+
+    def feed(self, buf, off=0, length=-1):
+        end = len(buf) if length < 0 else off + length
+        self.stream.extend(buf[off:end])
+        self._real.feed(buf, off, end - off)
+
+    def gets(self):
+        return self._real.gets()
+
+
+class SpyReaders:
+    """Stands in for the hiredis module: records what each Reader is fed."""
+
+    HiredisError = hiredis.HiredisError
+
+    def __init__(self):
+        self.streams: list[bytearray] = []
+
+    def Reader(self):  # hiredis.Reader
+        return _SpyReader(self.streams)
+
+
+def _shown_big_aggregate(streams) -> bool:
+    return any(re.search(rb"[*~>|%][1-9][0-9]{5}", bytes(s)) for s in streams)
+
+
+@pytest.mark.parametrize("data", BIG_AGGREGATES)
+@pytest.mark.parametrize("chunks", [None, 1, 7])
+def test_big_aggregate_headers_never_reach_hiredis(data, chunks, monkeypatch):
+    # hiredis-py allocates a list of the announced size and frees it slot by
+    # slot (seconds for 2**31): the guard must keep such headers from it.
+    import pfxcache.protocol.requests as requests_module
+
+    spy = SpyReaders()
+    monkeypatch.setattr(requests_module, "hiredis", spy)
+    started = time.perf_counter()
+    fast = events(data + TRAILER, chunks, use_hiredis=True)
+    assert time.perf_counter() - started < 0.5
+    assert spy.streams  # the fast path was tried...
+    assert not _shown_big_aggregate(spy.streams)  # ...but never saw the header
+    assert fast == events(data + TRAILER, chunks, use_hiredis=False)
+
+
+def test_guard_keeps_commands_before_a_big_header_on_the_fast_path(monkeypatch):
+    calls = []
+    original = RequestParser._exact
+
+    def counting(self):
+        calls.append(self._pos)
+        return original(self)
+
+    monkeypatch.setattr(RequestParser, "_exact", counting)
+    # A value that looks like a big aggregate header is fine: only the
+    # request containing it goes through the exact parser.
+    commands = [[b"SET", b"k%d" % i, b"v"] for i in range(20)]
+    commands[10][2] = b"price *1234567 units"
+    data = b"".join(enc(c) for c in commands)
+    assert events(data) == commands
+    assert len(calls) == 1
+
+
+def test_big_requests_switch_to_exact_parser_and_back(monkeypatch):
+    calls = []
+    original = RequestParser._exact
+
+    def counting(self):
+        calls.append(1)
+        return original(self)
+
+    monkeypatch.setattr(RequestParser, "_exact", counting)
+    parser = RequestParser()
+    big = enc([b"SET", b"k", b"v" * 100_000])
+    small = enc([b"GET", b"k"])
+    parser.feed(big * 5)
+    out: list = []
+    drain(parser, out)
+    assert len(out) == 5
+    exact_calls = len(calls)
+    assert exact_calls >= 5  # big requests go to the exact parser...
+    parser.feed(small * 50)
+    out = []
+    drain(parser, out)
+    assert out == [[b"GET", b"k"]] * 50
+    assert len(calls) - exact_calls <= 2  # ...and small ones back to hiredis
+
+
+def _reference_string2ll(text: bytes):
+    # A literal transcription of util.c string2ll.
+    if not text or len(text) >= 21:
+        return None
+    if text == b"0":
+        return 0
+    i, negative = 0, False
+    if text[0:1] == b"-":
+        negative, i = True, 1
+        if i == len(text):
+            return None
+    if not 0x31 <= text[i] <= 0x39:
+        return None
+    value = 0
+    for c in text[i:]:
+        if not 0x30 <= c <= 0x39:
+            return None
+        value = value * 10 + c - 0x30
+    if negative:
+        return -value if value <= 2**63 else None
+    return value if value <= 2**63 - 1 else None
+
+
+@given(
+    st.one_of(
+        st.lists(st.sampled_from(b"0123456789-+ _\t\x00a"), max_size=22).map(bytes),
+        st.integers(-(2**64), 2**64).map(lambda n: b"%d" % n),
+    )
+)
+@settings(max_examples=500, deadline=None)
+def test_string2ll_matches_redis(text):
+    from pfxcache.protocol.requests import _string2ll
+
+    assert _string2ll(text) == _reference_string2ll(text)
+    assert _string2ll(bytearray(text)) == _reference_string2ll(text)
 
 
 # ---------------------------------------------------------------------------
@@ -663,6 +811,7 @@ _tokens = st.sampled_from(
         b"$-1", b"$01", b"+", b"-", b":", b"=", b"%", b"~", b">", b"_", b",", b"#", b"(",
         b"\r\n", b"\r", b"\n", b"\r\n", b"\r\n", b" ", b"\t", b"\x0b", b"\x00", b"0", b"1",
         b"PING", b"foo", b'"', b"'", b"\\", b"\\x41", b"\\n", b"txt:",
+        b"*100000", b"~999999", b">1234567", b"$100000", b"123456",
     ]
 )
 _garbage = st.lists(
@@ -675,7 +824,7 @@ _garbage = st.lists(
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_fast_and_exact_agree_on_random_streams(stream, data, authenticated):
     cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=10))
-    kwargs = dict(authenticated=authenticated, inline_max=64)
+    kwargs = {"authenticated": authenticated, "inline_max": 64}
     exact_whole = events(stream, use_hiredis=False, **kwargs)
     assert events(stream, use_hiredis=True, **kwargs) == exact_whole
     # The outcome does not depend on how the bytes are split either.
@@ -766,22 +915,24 @@ def _exchange_many(port: int, cases: list[bytes], expectations) -> list:
         return closed[i]
 
     deadline = time.monotonic() + 5
+    selector = selectors.DefaultSelector()  # not select(): more than 1024 fds
+    for i, conn in enumerate(conns):
+        selector.register(conn, selectors.EVENT_READ, i)
     try:
         while time.monotonic() < deadline:
-            pending = [i for i in range(len(cases)) if not closed[i] and not satisfied(i)]
-            if not pending:
+            if all(closed[i] or satisfied(i) for i in range(len(cases))):
                 break
-            readable, _, _ = select.select([conns[i] for i in pending], [], [], 0.1)
-            for conn in readable:
-                i = conns.index(conn)
+            for key, _ in selector.select(0.1):
+                i = key.data
                 try:
-                    chunk = conn.recv(65536)
+                    chunk = conns[i].recv(65536)
                 except ConnectionResetError:
                     chunk = b""
                 if chunk:
                     received[i] += chunk
                 else:
                     closed[i] = True
+                    selector.unregister(conns[i])
         # Connections expected to stay open: make sure nothing else comes.
         time.sleep(0.2)
         for i, conn in enumerate(conns):
@@ -798,6 +949,7 @@ def _exchange_many(port: int, cases: list[bytes], expectations) -> list:
             except (BlockingIOError, ConnectionResetError):
                 pass
     finally:
+        selector.close()
         for conn in conns:
             conn.close()
     return list(zip(received, closed))
@@ -883,5 +1035,50 @@ def test_random_streams_against_redis(redis_port):
     # Command names are made of x/z/digits/punctuation: never a real command,
     # so Redis answers each with one "unknown command" error line.
     rng = random.Random(1234)
-    cases = [_random_stream(rng) for _ in range(300)]
+    cases = [_random_stream(rng) for _ in range(600)]
     _compare(redis_port, cases, authenticated=True)
+
+
+@needs_redis
+@pytest.mark.parametrize(
+    "first,second",
+    [
+        (b"*" + b"1" * (64 * KIB - 1), b"\r\n"),  # '\r' is byte 64 Ki + 1: still seen
+        (b"*" + b"1" * (64 * KIB), b"\r\n"),  # one more: too big
+        (b"*1\r\n$" + b"1" * (64 * KIB - 1), b"\r\n"),
+        (b"*1\r\n$" + b"1" * (64 * KIB), b"\r\n"),
+        (b"ECHO " + b"a" * (64 * KIB - 5), b"\n"),
+        (b"ECHO " + b"a" * (64 * KIB - 4), b"\n"),
+    ],
+)
+def test_line_limit_boundary_against_redis(redis_port, first, second):
+    # Sent in two steps, so that Redis has looked at the first part before
+    # the line end arrives, as the parser sees it whatever the chunking.
+    expected = events(first + second)
+    with socket.create_connection(("127.0.0.1", redis_port)) as conn:
+        conn.sendall(first)
+        time.sleep(0.1)
+        try:
+            conn.sendall(second)
+        except OSError:
+            pass  # already closed by Redis
+        conn.settimeout(0.5)
+        reply = b""
+        closed = False
+        try:
+            while True:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    closed = True
+                    break
+                reply += chunk
+        except TimeoutError:
+            pass
+        except ConnectionResetError:
+            closed = True
+    if type(expected[-1]) is tuple:
+        assert (reply, closed) == (expected[-1][1], True)
+    else:
+        [[command, arg]] = expected
+        assert command == b"ECHO"
+        assert (reply, closed) == (b"$%d\r\n%s\r\n" % (len(arg), arg), False)

@@ -131,9 +131,11 @@ def auth(ctx: Any, argv: list[bytes]) -> Any:
 
 @handles("select")
 def select(ctx: Any, argv: list[bytes]) -> Any:
-    index = parse_integer(argv[1], INT_MIN, INT_MAX)
+    index = parse_integer(argv[1])
     if index is None:
         return NOT_AN_INTEGER
+    if not INT_MIN <= index <= INT_MAX:
+        return Error(f"ERR value is out of range, value must between {INT_MIN} and {INT_MAX}")
     if index != 0:
         return Error("ERR DB index is out of range")
     ctx.client.db = 0

@@ -11,7 +11,7 @@ from .. import info as info_sections
 from ..config import ConfigError
 from ..dispatch import NO_REPLY
 from . import handles
-from .connection_commands import SYNTAX_ERROR, arity_error
+from .connection_commands import SYNTAX_ERROR
 
 
 @handles("info")
@@ -88,7 +88,7 @@ def config_get(ctx: Any, argv: list[bytes]) -> Any:
 @handles("config|set")
 def config_set(ctx: Any, argv: list[bytes]) -> Any:
     if len(argv) % 2:
-        return arity_error("config|set")
+        return SYNTAX_ERROR
     pairs = [(argv[i], argv[i + 1]) for i in range(2, len(argv), 2)]
     try:
         ctx.server.config.set(pairs)

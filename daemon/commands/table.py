@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import inspect
 import json
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from pfxcache.protocol.replies import Error, Set, SimpleString
 
@@ -33,8 +34,8 @@ __all__ = [
     "CommandTable",
     "KeySpec",
     "command_docs_reply",
-    "command_info_reply",
     "command_getkeys_reply",
+    "command_info_reply",
     "command_list",
     "get_keys",
     "has_key_arguments",
@@ -121,7 +122,7 @@ class KeySpec:
         return self.begin_search == "index" and self.find_keys == "range"
 
     @classmethod
-    def from_json(cls, data: dict, where: str) -> "KeySpec":
+    def from_json(cls, data: dict, where: str) -> KeySpec:
         raw_flags = [f.upper() for f in data.get("flags", ())]
         unknown = set(raw_flags) - _KEY_FLAG_NAMES
         if unknown:
@@ -167,7 +168,7 @@ class CommandSpec:
 
     fullname: str
     name: str
-    container: "CommandSpec | None"
+    container: CommandSpec | None
     arity: int
     flags: frozenset[str]
     acl_categories: tuple[str, ...]
@@ -185,11 +186,11 @@ class CommandSpec:
     deprecated_since: str | None
     replaced_by: str | None
     arguments: list[dict]
-    subcommands: dict[str, "CommandSpec"] = field(default_factory=dict)
+    subcommands: dict[str, CommandSpec] = field(default_factory=dict)
     handler: Callable | None = None
     is_async: bool = False
     getkeys_proc: Callable | None = None
-    _subs_by_bytes: dict[bytes, "CommandSpec"] = field(default_factory=dict, repr=False)
+    _subs_by_bytes: dict[bytes, CommandSpec] = field(default_factory=dict, repr=False)
     _info_reply: list | None = field(default=None, repr=False)
     _docs_reply: dict | None = field(default=None, repr=False)
 
@@ -200,7 +201,7 @@ class CommandSpec:
         """Whether ``argc`` arguments (command name included) satisfy the arity."""
         return argc == self.arity if self.arity > 0 else argc >= -self.arity
 
-    def walk(self) -> Iterator["CommandSpec"]:
+    def walk(self) -> Iterator[CommandSpec]:
         """This command, then its subcommands."""
         yield self
         yield from self.subcommands.values()
@@ -374,7 +375,7 @@ class CommandTable:
     reports); :meth:`walk` includes subcommands.
     """
 
-    __slots__ = ("_commands", "_by_bytes")
+    __slots__ = ("_by_bytes", "_commands")
 
     def __init__(self, specs: Iterable[CommandSpec] = ()) -> None:
         self._commands: dict[str, CommandSpec] = {}
@@ -396,7 +397,7 @@ class CommandTable:
             parent._subs_by_bytes[spec.name.encode()] = spec
 
     @classmethod
-    def load(cls, directory: str | Path | None = None) -> "CommandTable":
+    def load(cls, directory: str | Path | None = None) -> CommandTable:
         """Load every ``*.json`` row in ``directory`` (default: ``defs/`` next to this module).
 
         Containers are loaded before their subcommands; files are read in name
@@ -494,10 +495,8 @@ class CommandTable:
         if spec._subs_by_bytes and len(argv) > 1:
             sub = spec._subs_by_bytes.get(argv[1].lower())
             if sub is None:
-                return Error(
-                    "ERR unknown subcommand '%s'. Try %s HELP."
-                    % (_text(_c_string(argv[1], 128)), _text(_c_string(argv[0]).upper()))
-                )
+                subname = _text(_c_string(argv[1], 128))
+                return Error(f"ERR unknown subcommand '{subname}'. Try {_text(_c_string(argv[0]).upper())} HELP.")
             spec = sub
         if not spec.arity_ok(len(argv)):
             return Error(f"ERR wrong number of arguments for '{spec.fullname}' command")
@@ -523,10 +522,7 @@ def _unknown_command_message(argv: list[bytes]) -> str:
         if len(args) >= 128:
             break
         args += b"'" + _c_string(arg, 128 - len(args)) + b"' "
-    return "ERR unknown command '%s', with args beginning with: %s" % (
-        _text(_c_string(argv[0], 128)),
-        _text(args),
-    )
+    return f"ERR unknown command '{_text(_c_string(argv[0], 128))}', with args beginning with: {_text(args)}"
 
 
 # --------------------------------------------------------------------------- replies
@@ -592,7 +588,8 @@ def _argument_reply(arg: dict) -> dict:
     reply: dict[str, Any] = {"name": arg["name"].lower(), "type": arg["type"]}
     if "key_spec_index" in arg:
         reply["key_spec_index"] = int(arg["key_spec_index"])
-    if arg.get("token"):
+    if arg.get("token") is not None:
+        # An empty token is real: MIGRATE's "" placeholder for the key.
         reply["token"] = arg["token"].upper()
     for key in ("summary", "since", "deprecated_since"):
         if arg.get(key):
@@ -677,11 +674,16 @@ def stringmatchlen(pattern: bytes, string: bytes, nocase: bool = False) -> bool:
     """Redis's glob matcher (util.c ``stringmatchlen``), byte for byte.
 
     Supports ``*``, ``?``, ``[...]`` with ``^`` and ranges, and backslash
-    escapes, with Redis's quirks (an unterminated ``[`` matches as a set
-    running to the end of the pattern; bytes compare as signed chars).
+    escapes, with Redis's quirks: an unterminated ``[`` is a set running to
+    the end of the pattern, bytes compare as signed chars, and an empty
+    string matches no pattern, not even ``*`` (KEYS special-cases ``*``).
     """
-    skip_longer = [False]
-    return _match(pattern, 0, string, 0, nocase, skip_longer, 0)
+    try:
+        return _match(pattern, 0, string, 0, nocase, [False], 0)
+    except RecursionError:
+        # Only patterns with hundreds of '*' get here; Redis stops at 1000 levels
+        # of nesting, Python's stack may stop earlier. Either way: no match.
+        return False
 
 
 def _signed(b: int) -> int:
@@ -797,13 +799,13 @@ def command_list(table: CommandTable, args: list[bytes]) -> list | Error:
             kind, value = args[i + 1].lower(), args[i + 2]
             if kind == b"module":
                 # pfxcache loads no modules, so no command belongs to one.
-                predicate = lambda spec: False  # noqa: E731
+                predicate = lambda spec: False
             elif kind == b"aclcat":
                 category = "@" + value.decode("latin-1").lower()
                 valid = category[1:] in _CATEGORY_RANK
-                predicate = lambda spec, c=category, v=valid: v and c in spec.acl_categories  # noqa: E731
+                predicate = lambda spec, c=category, v=valid: v and c in spec.acl_categories
             elif kind == b"pattern":
-                predicate = lambda spec, p=value: stringmatchlen(p, spec.fullname.encode(), True)  # noqa: E731
+                predicate = lambda spec, p=value: stringmatchlen(p, spec.fullname.encode(), True)
             else:
                 return Error("ERR syntax error")
             i += 3

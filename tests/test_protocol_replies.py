@@ -1,0 +1,355 @@
+"""Tests of pfxcache.protocol.replies: RESP2 / RESP3 encoding of reply values."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import time
+
+import hiredis
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pfxcache.protocol.replies import (
+    NULL_ARRAY,
+    OK,
+    PONG,
+    SCATTER_THRESHOLD,
+    Error,
+    Push,
+    ReplyBuffer,
+    Set,
+    SimpleString,
+    Verbatim,
+    encode,
+    encode_into,
+    encode_many,
+)
+
+INCOMPLETE = object()
+
+
+def new_reader() -> hiredis.Reader:
+    # A sentinel for "incomplete": by default hiredis returns False, which is
+    # also how it decodes the RESP3 boolean "#f".
+    return hiredis.Reader(notEnoughData=INCOMPLETE)
+
+
+def decode(data: bytes):
+    """Decode one reply with hiredis, checking that it is exactly one reply."""
+    reader = new_reader()
+    reader.feed(data)
+    value = reader.gets()
+    assert value is not INCOMPLETE, data
+    assert reader.gets() is INCOMPLETE, data  # nothing left over
+    return value
+
+
+# (value, RESP2 bytes, RESP3 bytes)
+CASES = [
+    (OK, b"+OK\r\n", b"+OK\r\n"),
+    (PONG, b"+PONG\r\n", b"+PONG\r\n"),
+    (SimpleString("QUEUED"), b"+QUEUED\r\n", b"+QUEUED\r\n"),
+    (Error("ERR syntax error"), b"-ERR syntax error\r\n", b"-ERR syntax error\r\n"),
+    (Error("ERR bad\r\nnews"), b"-ERR bad  news\r\n", b"-ERR bad  news\r\n"),
+    (True, b":1\r\n", b"#t\r\n"),
+    (False, b":0\r\n", b"#f\r\n"),
+    (0, b":0\r\n", b":0\r\n"),
+    (-42, b":-42\r\n", b":-42\r\n"),
+    (2**63 - 1, b":9223372036854775807\r\n", b":9223372036854775807\r\n"),
+    (-(2**63), b":-9223372036854775808\r\n", b":-9223372036854775808\r\n"),
+    (1.5, b"$3\r\n1.5\r\n", b",1.5\r\n"),
+    (3.0, b"$1\r\n3\r\n", b",3\r\n"),
+    (0.1, b"$19\r\n0.10000000000000001\r\n", b",0.10000000000000001\r\n"),
+    (-0.0, b"$2\r\n-0\r\n", b",-0\r\n"),
+    (1e20, b"$5\r\n1e+20\r\n", b",1e+20\r\n"),
+    (1.5e-7, b"$22\r\n1.4999999999999999e-07\r\n", b",1.4999999999999999e-07\r\n"),
+    (math.inf, b"$3\r\ninf\r\n", b",inf\r\n"),
+    (-math.inf, b"$4\r\n-inf\r\n", b",-inf\r\n"),
+    (b"", b"$0\r\n\r\n", b"$0\r\n\r\n"),
+    (b"a\r\nb", b"$4\r\na\r\nb\r\n", b"$4\r\na\r\nb\r\n"),
+    ("caf\u00e9", b"$5\r\ncaf\xc3\xa9\r\n", b"$5\r\ncaf\xc3\xa9\r\n"),
+    (bytearray(b"xy"), b"$2\r\nxy\r\n", b"$2\r\nxy\r\n"),
+    (memoryview(b"xyz")[1:], b"$2\r\nyz\r\n", b"$2\r\nyz\r\n"),
+    (None, b"$-1\r\n", b"_\r\n"),
+    (NULL_ARRAY, b"*-1\r\n", b"_\r\n"),
+    ([], b"*0\r\n", b"*0\r\n"),
+    ((), b"*0\r\n", b"*0\r\n"),
+    ([1, [b"a", None]], b"*2\r\n:1\r\n*2\r\n$1\r\na\r\n$-1\r\n", b"*2\r\n:1\r\n*2\r\n$1\r\na\r\n_\r\n"),
+    ({}, b"*0\r\n", b"%0\r\n"),
+    (
+        {b"k": 1, b"f": 2.5},
+        b"*4\r\n$1\r\nk\r\n:1\r\n$1\r\nf\r\n$3\r\n2.5\r\n",
+        b"%2\r\n$1\r\nk\r\n:1\r\n$1\r\nf\r\n,2.5\r\n",
+    ),
+    ({b"b", b"a"}, b"*2\r\n$1\r\na\r\n$1\r\nb\r\n", b"~2\r\n$1\r\na\r\n$1\r\nb\r\n"),
+    (frozenset(), b"*0\r\n", b"~0\r\n"),
+    (Set([b"z", b"a"]), b"*2\r\n$1\r\nz\r\n$1\r\na\r\n", b"~2\r\n$1\r\nz\r\n$1\r\na\r\n"),
+    (Verbatim("hello"), b"$5\r\nhello\r\n", b"=9\r\ntxt:hello\r\n"),
+    (Verbatim(b"# x", "mkd"), b"$3\r\n# x\r\n", b"=7\r\nmkd:# x\r\n"),
+    (
+        Push([b"message", b"ch", b"hi"]),
+        b"*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$2\r\nhi\r\n",
+        b">3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$2\r\nhi\r\n",
+    ),
+    (
+        {b"nested": {b"set": Set([True]), b"null": None}},
+        b"*2\r\n$6\r\nnested\r\n*4\r\n$3\r\nset\r\n*1\r\n:1\r\n$4\r\nnull\r\n$-1\r\n",
+        b"%1\r\n$6\r\nnested\r\n%2\r\n$3\r\nset\r\n~1\r\n#t\r\n$4\r\nnull\r\n_\r\n",
+    ),
+]
+
+
+@pytest.mark.parametrize("value,resp2,resp3", CASES, ids=[repr(c[0])[:40] for c in CASES])
+def test_encode_bytes(value, resp2, resp3):
+    assert encode(value, 2) == resp2
+    assert encode(value, 3) == resp3
+    assert encode(value) == resp2  # RESP2 is the default
+
+
+def _expected_decoded(value, resp: int):
+    """What hiredis should decode from the encoding of ``value``."""
+    if isinstance(value, SimpleString):
+        return value.text.encode()
+    if isinstance(value, Error):
+        return ("error", value.message.replace("\r", " ").replace("\n", " "))
+    if isinstance(value, bool):
+        return value if resp == 3 else int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if resp == 3:
+            return value
+        return (b"%.17g" % value) if math.isfinite(value) else (b"inf" if value > 0 else b"-inf")
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if value is None or value is NULL_ARRAY:
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_expected_decoded(v, resp) for v in value]
+    if isinstance(value, dict):
+        if resp == 3:
+            return {_expected_decoded(k, resp): _expected_decoded(v, resp) for k, v in value.items()}
+        return [x for k, v in value.items() for x in (_expected_decoded(k, resp), _expected_decoded(v, resp))]
+    if isinstance(value, (set, frozenset)):
+        return [_expected_decoded(v, resp) for v in sorted(value)]
+    if isinstance(value, (Set, Push)):
+        return [_expected_decoded(v, resp) for v in value.items]
+    if isinstance(value, Verbatim):
+        text = value.text.encode() if isinstance(value.text, str) else value.text
+        return text
+    raise AssertionError(value)
+
+
+def _normalise(decoded):
+    if isinstance(decoded, hiredis.ReplyError):
+        return ("error", str(decoded))
+    if isinstance(decoded, list):  # hiredis.PushNotification is a list too
+        return [_normalise(v) for v in decoded]
+    if isinstance(decoded, dict):
+        return {k: _normalise(v) for k, v in decoded.items()}
+    return decoded
+
+
+@pytest.mark.parametrize("value,resp2,resp3", CASES, ids=[repr(c[0])[:40] for c in CASES])
+@pytest.mark.parametrize("resp", [2, 3])
+def test_hiredis_decodes_encoding(value, resp2, resp3, resp):
+    decoded = _normalise(decode(encode(value, resp)))
+    expected = _expected_decoded(value, resp)
+    if isinstance(value, bool) and resp == 3:
+        assert decoded is value
+    assert decoded == expected
+
+
+def test_nan():
+    assert encode(math.nan, 3) == b",nan\r\n"
+    assert encode(math.nan, 2) == b"$3\r\nnan\r\n"
+    assert math.isnan(decode(encode(math.nan, 3)))
+
+
+def test_bool_is_not_an_int_here():
+    assert encode([True, 1, False, 0], 3) == b"*4\r\n#t\r\n:1\r\n#f\r\n:0\r\n"
+
+
+def test_unencodable_value():
+    with pytest.raises(TypeError):
+        encode(object())
+
+
+def test_encode_many():
+    data = encode_many([OK, 1, None, [b"a"]], resp=3)
+    assert data == b"+OK\r\n:1\r\n_\r\n*1\r\n$1\r\na\r\n"
+    reader = new_reader()
+    reader.feed(data)
+    assert [reader.gets() for _ in range(4)] == [b"OK", 1, None, [b"a"]]
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.binary(max_size=40)
+    | st.floats(allow_nan=False),
+    lambda children: st.lists(children, max_size=5)
+    | st.dictionaries(st.binary(max_size=8), children, max_size=4),
+    max_leaves=25,
+)
+
+
+@given(_json, st.sampled_from([2, 3]))
+@settings(max_examples=300, deadline=None)
+def test_random_values_roundtrip_through_hiredis(value, resp):
+    # (RESP3 floats: "%.17g" is enough digits for hiredis to get the same double back.)
+    assert _normalise(decode(encode(value, resp))) == _expected_decoded(value, resp)
+
+
+# ---------------------------------------------------------------------------
+# ReplyBuffer: large bulks as separate, uncopied chunks.
+# ---------------------------------------------------------------------------
+
+
+def test_small_replies_are_one_chunk():
+    buf = ReplyBuffer()
+    for value in (OK, b"x" * 100, [1, 2, 3], {b"a": b"b"}):
+        encode_into(buf, value, 2)
+    assert len(buf) == sum(len(encode(v)) for v in (OK, b"x" * 100, [1, 2, 3], {b"a": b"b"}))
+    chunks = buf.take()
+    assert len(chunks) == 1
+    assert len(buf) == 0 and buf.take() == []
+
+
+@pytest.mark.parametrize("make", [bytes, bytearray, lambda b: memoryview(b)], ids=["bytes", "bytearray", "memoryview"])
+def test_large_bulk_is_a_separate_memoryview(make):
+    payload = make(os.urandom(SCATTER_THRESHOLD))
+    buf = ReplyBuffer()
+    encode_into(buf, OK, 2)
+    encode_into(buf, payload, 2)
+    encode_into(buf, 7, 2)
+    total = len(buf)
+    chunks = buf.take()
+    assert [type(c) for c in chunks] == [bytearray, memoryview, bytearray]
+    assert bytes(chunks[0]) == b"+OK\r\n$%d\r\n" % SCATTER_THRESHOLD
+    big = chunks[1]
+    assert big.nbytes == SCATTER_THRESHOLD and big.format == "B"
+    # Not copied: the view is over the caller's object.
+    assert big.obj is (payload.obj if isinstance(payload, memoryview) else payload)
+    assert bytes(chunks[2]) == b"\r\n:7\r\n"
+    data = b"".join(bytes(c) for c in chunks)
+    assert len(data) == total
+    assert decode(data[5 : -len(b":7\r\n")]) == bytes(payload)
+
+
+def test_bulk_just_below_threshold_is_copied():
+    buf = ReplyBuffer()
+    encode_into(buf, b"x" * (SCATTER_THRESHOLD - 1), 2)
+    chunks = buf.take()
+    assert len(chunks) == 1 and not isinstance(chunks[0], memoryview)
+
+
+def test_large_bulks_inside_arrays_and_resp3_verbatim():
+    big = os.urandom(SCATTER_THRESHOLD * 2)
+    buf = ReplyBuffer()
+    encode_into(buf, [b"k", big, b"v", big], 3)
+    encode_into(buf, Verbatim(big), 3)
+    chunks = buf.take()
+    views = [c for c in chunks if isinstance(c, memoryview)]
+    assert len(views) == 3 and all(v.obj is big for v in views)
+    data = b"".join(bytes(c) for c in chunks)
+    reader = new_reader()
+    reader.feed(data)
+    assert reader.gets() == [b"k", big, b"v", big]
+    assert reader.gets() == big  # hiredis strips the "txt:" of verbatim strings
+    assert reader.gets() is INCOMPLETE
+
+
+def test_large_str_and_float_formatting_in_big_arrays():
+    values = [1.5] * 3 + ["x" * SCATTER_THRESHOLD]
+    assert decode(encode(values, 2)) == [b"1.5"] * 3 + [b"x" * SCATTER_THRESHOLD]
+    assert decode(encode(values, 3)) == [1.5] * 3 + [b"x" * SCATTER_THRESHOLD]
+
+
+# ---------------------------------------------------------------------------
+# The downgrade rules, checked against a real redis-server.
+# ---------------------------------------------------------------------------
+
+REDIS_SERVER = "/usr/bin/redis-server"
+
+
+@pytest.fixture(scope="module")
+def redis_conn_factory():
+    if not os.path.exists(REDIS_SERVER):
+        pytest.skip("needs redis-server")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--daemonize", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail("could not start redis-server")
+            time.sleep(0.02)
+
+    def connect(resp: int):
+        conn = socket.create_connection(("127.0.0.1", port), timeout=2)
+        if resp == 3:
+            conn.sendall(b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n")
+            reader = new_reader()
+            while reader.gets() is INCOMPLETE:
+                reader.feed(conn.recv(65536))
+        return conn
+
+    yield connect
+    proc.terminate()
+    proc.wait()
+
+
+def _call(conn, *args: bytes) -> bytes:
+    conn.sendall(b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args))
+    data = b""
+    reader = new_reader()
+    while True:
+        chunk = conn.recv(65536)
+        data += chunk
+        reader.feed(chunk)
+        if reader.gets() is not INCOMPLETE:
+            return data
+
+
+@pytest.mark.parametrize("resp", [2, 3])
+def test_matches_redis_server(redis_conn_factory, resp):
+    conn = redis_conn_factory(resp)
+    try:
+        _call(conn, b"DEL", b"z", b"h", b"s", b"l")
+        _call(conn, b"ZADD", b"z", b"1.5", b"m")
+        _call(conn, b"HSET", b"h", b"f", b"v")
+        _call(conn, b"SADD", b"s", b"only")
+        checks = [
+            ((b"PING",), PONG),
+            ((b"SET", b"k", b"v"), OK),
+            ((b"GET", b"k"), b"v"),
+            ((b"GET", b"missing"), None),
+            ((b"ZSCORE", b"z", b"m"), 1.5),
+            ((b"ZINCRBY", b"z", b"inf", b"m"), math.inf),
+            ((b"HGETALL", b"h"), {b"f": b"v"}),
+            ((b"SMEMBERS", b"s"), Set([b"only"])),
+            ((b"BLPOP", b"l", b"0.01"), NULL_ARRAY),
+            ((b"EXISTS", b"k"), 1),
+            ((b"EVAL", b"return redis.setresp(3) or true", b"0"), True),
+            ((b"EVAL", b"redis.setresp(3); return false", b"0"), False),
+            ((b"LPUSH",), Error("ERR wrong number of arguments for 'lpush' command")),
+        ]
+        for command, value in checks:
+            assert _call(conn, *command) == encode(value, resp), command
+    finally:
+        conn.close()
