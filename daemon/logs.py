@@ -13,6 +13,10 @@ import time
 
 VERBOSE = 15
 logging.addLevelName(VERBOSE, "VERBOSE")
+#: For the few lines a supervisor or test needs whatever the loglevel (the
+#: address bound with --port 0): shown at every level but "nothing", marked '*'.
+ANNOUNCE = logging.WARNING + 5
+logging.addLevelName(ANNOUNCE, "ANNOUNCE")
 
 #: Redis level name -> (logging level, the mark Redis prints for it).
 LEVELS = {
@@ -22,7 +26,7 @@ LEVELS = {
     "warning": logging.WARNING,
     "nothing": logging.CRITICAL + 10,
 }
-_MARKS = {logging.DEBUG: ".", VERBOSE: "-", logging.INFO: "*", logging.WARNING: "#"}
+_MARKS = {logging.DEBUG: ".", VERBOSE: "-", logging.INFO: "*", logging.WARNING: "#", ANNOUNCE: "*"}
 
 log = logging.getLogger("pfxcached")
 

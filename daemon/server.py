@@ -78,7 +78,7 @@ class Listener:
 
     __slots__ = ("sock", "address", "is_unix", "scope")
 
-    def __init__(self, sock: trio.socket.SocketType, address: str, is_unix: bool) -> None:
+    def __init__(self, sock: stdlib_socket.socket, address: str, is_unix: bool) -> None:
         self.sock = sock
         self.address = address
         self.is_unix = is_unix
@@ -86,7 +86,9 @@ class Listener:
 
     def close(self) -> None:
         self.scope.cancel()
-        self.sock.close()
+        if self.sock.fileno() != -1:
+            trio.lowlevel.notify_closing(self.sock)
+            self.sock.close()
 
 
 def _bind_addresses(bind: Any) -> list[str]:
@@ -114,6 +116,7 @@ def open_tcp_listeners(bind: Any, port: int, backlog: int) -> tuple[list[Listene
                     sock.setsockopt(stdlib_socket.IPPROTO_IPV6, stdlib_socket.IPV6_V6ONLY, 1)
                 sock.bind((host, port))
                 sock.listen(backlog)
+                sock.setblocking(False)
             except OSError as exc:
                 sock.close()
                 if optional and exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT):
@@ -123,7 +126,7 @@ def open_tcp_listeners(bind: Any, port: int, backlog: int) -> tuple[list[Listene
                 ) from exc
             if port == 0:
                 port = sock.getsockname()[1]
-            listeners.append(Listener(trio.socket.from_stdlib_socket(sock), f"{host}:{port}", False))
+            listeners.append(Listener(sock, f"{host}:{port}", False))
     except BaseException:
         for listener in listeners:
             listener.sock.close()
@@ -147,12 +150,13 @@ def open_unix_listener(path: str, perm: int, backlog: int) -> Listener:
         if perm:
             os.chmod(path, perm)
         sock.listen(backlog)
+        sock.setblocking(False)
     except OSError as exc:
         raise StartupError(f"Failed opening Unix socket: {exc}") from exc
-    return Listener(trio.socket.from_stdlib_socket(sock), path, True)
+    return Listener(sock, path, True)
 
 
-def _configure_client_socket(sock: trio.socket.SocketType, keepalive: int) -> None:
+def _configure_client_socket(sock: stdlib_socket.socket, keepalive: int) -> None:
     sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_NODELAY, 1)
     if keepalive > 0:
         # Same probe schedule as Redis's anetKeepAlive: idle, then every idle/3, 3 probes.
@@ -289,7 +293,7 @@ class Server:
                         control.start_soon(self._watch_signals)
                     for listener in self._listeners:
                         kind = "unix" if listener.is_unix else "tcp"
-                        log.info("Ready to accept connections %s on %s", kind, listener.address)
+                        log.log(logs.ANNOUNCE, "Ready to accept connections %s on %s", kind, listener.address)
                     task_status.started(self)
                     await self._shutdown_requested.wait()
                     self.shutting_down = True
@@ -301,7 +305,7 @@ class Server:
                 connections.cancel_scope.cancel()
         finally:
             for listener in self._listeners:
-                listener.sock.close()
+                listener.close()
                 if listener.is_unix:
                     _unlink_quietly(listener.address)
             self._remove_pidfile()
@@ -326,7 +330,12 @@ class Server:
         with listener.scope:
             while True:
                 try:
-                    sock, peer = await listener.sock.accept()
+                    await trio.lowlevel.wait_readable(listener.sock)
+                    sock, peer = listener.sock.accept()
+                except BlockingIOError:
+                    continue
+                except trio.ClosedResourceError:  # closed by a rebind
+                    return
                 except OSError as exc:
                     if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                         log.warning("Accepting client connection: %s", exc)
@@ -335,9 +344,10 @@ class Server:
                     if exc.errno == errno.EBADF:  # the listener was closed by a rebind
                         return
                     raise
+                sock.setblocking(False)
                 self._admit(sock, peer, listener)
 
-    def _admit(self, sock: trio.socket.SocketType, peer: Any, listener: Listener) -> None:
+    def _admit(self, sock: stdlib_socket.socket, peer: Any, listener: Listener) -> None:
         """The checks Redis makes on accept: maxclients, then protected mode."""
         if len(self.clients) >= self.config["maxclients"]:
             self.stats.rejected_connections += 1
@@ -366,7 +376,7 @@ class Server:
         assert self._connection_nursery is not None
         self._connection_nursery.start_soon(self._run_client, sock, client)
 
-    async def _run_client(self, sock: trio.socket.SocketType, client: Client) -> None:
+    async def _run_client(self, sock: stdlib_socket.socket, client: Client) -> None:
         with trio.CancelScope() as scope:
             client.kill = scope.cancel
             try:
@@ -419,10 +429,10 @@ def _format_address(address: Any) -> str:
     return f"{host}:{port}"
 
 
-def _send_and_close(sock: trio.socket.SocketType, payload: bytes) -> None:
+def _send_and_close(sock: stdlib_socket.socket, payload: bytes) -> None:
     # A fresh socket's send buffer always takes a few hundred bytes: no need to await.
     try:
-        sock._sock.send(payload, stdlib_socket.MSG_DONTWAIT)  # noqa: SLF001
+        sock.send(payload)
     except OSError:
         pass
     sock.close()

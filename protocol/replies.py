@@ -108,8 +108,8 @@ OK = SimpleString("OK")
 PONG = SimpleString("PONG")
 
 _CONSTANTS = {
-    OK: b"+OK\r\n",
-    PONG: b"+PONG\r\n",
+    "OK": b"+OK\r\n",
+    "PONG": b"+PONG\r\n",
 }
 
 
@@ -174,65 +174,124 @@ def _write_bulk(buf: ReplyBuffer, payload: Any) -> None:
         buf.write(b"$%d\r\n%s\r\n" % (size, bytes(payload)))
 
 
+def _encode_simple(buf: ReplyBuffer, value: SimpleString, resp: int) -> None:
+    constant = _CONSTANTS.get(value.text)
+    buf.write(constant if constant is not None else b"+%s\r\n" % _one_line(value.text).encode())
+
+
+def _encode_error(buf: ReplyBuffer, value: Error, resp: int) -> None:
+    buf.write(b"-%s\r\n" % _one_line(value.message).encode())
+
+
+def _encode_bulk(buf: ReplyBuffer, value: Any, resp: int) -> None:
+    _write_bulk(buf, value)
+
+
+def _encode_bool(buf: ReplyBuffer, value: bool, resp: int) -> None:
+    if resp == 3:
+        buf.write(b"#t\r\n" if value else b"#f\r\n")
+    else:
+        buf.write(b":1\r\n" if value else b":0\r\n")
+
+
+def _encode_int(buf: ReplyBuffer, value: int, resp: int) -> None:
+    buf.write(b":%d\r\n" % value)
+
+
+def _encode_none(buf: ReplyBuffer, value: None, resp: int) -> None:
+    buf.write(b"_\r\n" if resp == 3 else b"$-1\r\n")
+
+
+def _encode_null_array(buf: ReplyBuffer, value: Any, resp: int) -> None:
+    buf.write(b"_\r\n" if resp == 3 else b"*-1\r\n")
+
+
+def _encode_array(buf: ReplyBuffer, value: list | tuple, resp: int) -> None:
+    buf.write(b"*%d\r\n" % len(value))
+    for item in value:
+        encode_into(buf, item, resp)
+
+
+def _encode_map(buf: ReplyBuffer, value: dict, resp: int) -> None:
+    # len(value), not len(items()): a dict subclass may hold repeated keys.
+    count = len(value)
+    buf.write(b"%%%d\r\n" % count if resp == 3 else b"*%d\r\n" % (2 * count))
+    for key, item in value.items():
+        encode_into(buf, key, resp)
+        encode_into(buf, item, resp)
+
+
+def _encode_double(buf: ReplyBuffer, value: float, resp: int) -> None:
+    text = _format_double(value)
+    if resp == 3:
+        buf.write(b",%s\r\n" % text)
+    else:
+        _write_bulk(buf, text)
+
+
+def _encode_set(buf: ReplyBuffer, value: Any, resp: int) -> None:
+    items = value.items if isinstance(value, Set) else sorted(value)
+    buf.write((b"~%d\r\n" if resp == 3 else b"*%d\r\n") % len(items))
+    for item in items:
+        encode_into(buf, item, resp)
+
+
+def _encode_verbatim(buf: ReplyBuffer, value: Verbatim, resp: int) -> None:
+    text = value.text.encode() if isinstance(value.text, str) else value.text
+    if resp != 3:
+        _write_bulk(buf, text)
+        return
+    fmt = value.format.encode()
+    buf.write(b"=%d\r\n%s:" % (len(text) + len(fmt) + 1, fmt))
+    if len(text) >= SCATTER_THRESHOLD:
+        buf.write_large(text)
+    else:
+        buf.write(text)
+    buf.write(b"\r\n")
+
+
+def _encode_push(buf: ReplyBuffer, value: Push, resp: int) -> None:
+    buf.write((b">%d\r\n" if resp == 3 else b"*%d\r\n") % len(value.items))
+    for item in value.items:
+        encode_into(buf, item, resp)
+
+
+#: Exact type -> encoder: one dict lookup per value on the hot path. Subclasses
+#: (a dict subclass, an IntEnum ...) are found by the isinstance walk below.
+_ENCODERS: dict[type, Any] = {
+    SimpleString: _encode_simple,
+    Error: _encode_error,
+    bytes: _encode_bulk,
+    bytearray: _encode_bulk,
+    memoryview: _encode_bulk,
+    str: _encode_bulk,
+    bool: _encode_bool,
+    int: _encode_int,
+    type(None): _encode_none,
+    _NullArray: _encode_null_array,
+    list: _encode_array,
+    tuple: _encode_array,
+    dict: _encode_map,
+    float: _encode_double,
+    set: _encode_set,
+    frozenset: _encode_set,
+    Set: _encode_set,
+    Verbatim: _encode_verbatim,
+    Push: _encode_push,
+}
+
+
 def encode_into(buf: ReplyBuffer, value: Any, resp: int) -> None:
     """Encode ``value`` for protocol version ``resp`` (2 or 3) into ``buf``."""
-    constant = _CONSTANTS.get(value) if isinstance(value, SimpleString) else None
-    if constant is not None:
-        buf.write(constant)
-    elif isinstance(value, (bytes, bytearray, memoryview, str)):
-        _write_bulk(buf, value)
-    elif isinstance(value, bool):
-        if resp == 3:
-            buf.write(b"#t\r\n" if value else b"#f\r\n")
+    encoder = _ENCODERS.get(type(value))
+    if encoder is None:
+        for kind, candidate in _ENCODERS.items():
+            if isinstance(value, kind):
+                encoder = candidate
+                break
         else:
-            buf.write(b":1\r\n" if value else b":0\r\n")
-    elif isinstance(value, int):
-        buf.write(b":%d\r\n" % value)
-    elif value is None:
-        buf.write(b"_\r\n" if resp == 3 else b"$-1\r\n")
-    elif isinstance(value, (list, tuple)):
-        buf.write(b"*%d\r\n" % len(value))
-        for item in value:
-            encode_into(buf, item, resp)
-    elif isinstance(value, dict):
-        buf.write((b"%%%d\r\n" if resp == 3 else b"*%d\r\n") % (len(value) if resp == 3 else 2 * len(value)))
-        for key, item in value.items():
-            encode_into(buf, key, resp)
-            encode_into(buf, item, resp)
-    elif isinstance(value, SimpleString):
-        buf.write(b"+%s\r\n" % value.text.encode())
-    elif isinstance(value, Error):
-        buf.write(b"-%s\r\n" % _one_line(value.message).encode())
-    elif isinstance(value, float):
-        text = _format_double(value)
-        if resp == 3:
-            buf.write(b",%s\r\n" % text)
-        else:
-            _write_bulk(buf, text)
-    elif value is NULL_ARRAY:
-        buf.write(b"_\r\n" if resp == 3 else b"*-1\r\n")
-    elif isinstance(value, (set, frozenset, Set)):
-        items = value.items if isinstance(value, Set) else sorted(value)
-        buf.write((b"~%d\r\n" if resp == 3 else b"*%d\r\n") % len(items))
-        for item in items:
-            encode_into(buf, item, resp)
-    elif isinstance(value, Verbatim):
-        text = value.text.encode() if isinstance(value.text, str) else value.text
-        if resp == 3:
-            buf.write(b"=%d\r\n%s:" % (len(text) + 4, value.format.encode()))
-            if len(text) >= SCATTER_THRESHOLD:
-                buf.write_large(text)
-            else:
-                buf.write(text)
-            buf.write(b"\r\n")
-        else:
-            _write_bulk(buf, text)
-    elif isinstance(value, Push):
-        buf.write((b">%d\r\n" if resp == 3 else b"*%d\r\n") % len(value.items))
-        for item in value.items:
-            encode_into(buf, item, resp)
-    else:
-        raise TypeError(f"cannot encode reply value of type {type(value).__name__}")
+            raise TypeError(f"cannot encode reply value of type {type(value).__name__}")
+    encoder(buf, value, resp)
 
 
 def _one_line(message: str) -> str:

@@ -375,11 +375,14 @@ class CommandTable:
     reports); :meth:`walk` includes subcommands.
     """
 
-    __slots__ = ("_by_bytes", "_commands")
+    __slots__ = ("_by_bytes", "_commands", "_plain")
 
     def __init__(self, specs: Iterable[CommandSpec] = ()) -> None:
         self._commands: dict[str, CommandSpec] = {}
         self._by_bytes: dict[bytes, CommandSpec] = {}
+        # Commands without subcommands by their lower- and upper-case names,
+        # so resolve() usually skips bytes.lower().
+        self._plain: dict[bytes, CommandSpec] = {}
         for spec in specs:
             self._add(spec)
 
@@ -389,12 +392,16 @@ class CommandTable:
                 raise ValueError(f"duplicate command {spec.fullname!r}")
             self._commands[spec.name] = spec
             self._by_bytes[spec.name.encode()] = spec
+            if not spec.subcommands:
+                self._plain[spec.name.encode()] = self._plain[spec.name.upper().encode()] = spec
         else:
             parent = spec.container
             if spec.name in parent.subcommands:
                 raise ValueError(f"duplicate command {spec.fullname!r}")
             parent.subcommands[spec.name] = spec
             parent._subs_by_bytes[spec.name.encode()] = spec
+            self._plain.pop(parent.name.encode(), None)
+            self._plain.pop(parent.name.upper().encode(), None)
 
     @classmethod
     def load(cls, directory: str | Path | None = None) -> CommandTable:
@@ -489,6 +496,12 @@ class CommandTable:
 
         ``argv`` must hold at least the command name.
         """
+        # Hot path: a plain command spelled as clients usually spell it.
+        spec = self._plain.get(argv[0])
+        if spec is not None:
+            arity = spec.arity
+            if (len(argv) == arity) if arity > 0 else (len(argv) >= -arity):
+                return spec
         spec = self._by_bytes.get(argv[0].lower())
         if spec is None:
             return Error(_unknown_command_message(argv))
