@@ -20,9 +20,11 @@ small type object (:class:`Int`, :class:`Memory`, :class:`Bool`,
 and write it back to a file.
 
 Parsing rules and error texts follow Redis 7.0.15's ``config.c`` and
-``util.c`` (``string2ll``, ``memtoull``, ``sdssplitargs``, ``sdscatrepr``,
-``stringmatchlen``) so that operators and client libraries see the same
-replies; the tests compare them with a real redis-server side by side.
+``util.c`` (``memtoull``, ``sdscatrepr`` here; ``string2ll``, ``sdssplitargs``
+and ``stringmatchlen`` from :mod:`pfxcache.protocol.redis_strings`, on the
+``surrogateescape`` bytes of the values) so that operators and client
+libraries see the same replies; the tests compare them with a real
+redis-server side by side.
 
 Strings: names and values are ``str``. Bytes that are not UTF-8 (a password
 written as ``"\\xff"`` in the file, or sent raw with CONFIG SET) are kept with
@@ -44,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from pfxcache import __version__
+from pfxcache.protocol.redis_strings import splitargs, string2ll, stringmatchlen
 
 __all__ = [
     "ConfigError",
@@ -63,12 +66,9 @@ __all__ = [
     "Config",
     "REWRITE_SIGNATURE",
     "conf_text",
-    "split_args",
     "quote",
-    "string2ll",
     "memtoull",
     "format_memory",
-    "string_match",
 ]
 
 log = logging.getLogger(__name__)
@@ -145,85 +145,11 @@ def _display(raw: bytes) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
-_C_ISSPACE = frozenset(b" \t\n\v\f\r")
-_TOKEN_END = frozenset(b" \n\r\t\0")
-_HEX = frozenset(b"0123456789abcdefABCDEF")
-_ESCAPES = {ord("n"): 10, ord("r"): 13, ord("t"): 9, ord("b"): 8, ord("a"): 7}
-
-
-def split_args(line: bytes) -> list[bytes] | None:
-    """Redis's ``sdssplitargs``: split a config line into arguments.
-
-    Handles ``"double quotes"`` (with ``\\n``, ``\\xHH``... escapes) and
-    ``'single quotes'`` (only ``\\'`` escaped). A closing quote must be
-    followed by a space or the end of the line. Returns None for unbalanced
-    quotes. A NUL byte ends the line, as it does for the C code.
-    """
-    n = len(line)
-
-    def at(i: int) -> int:
-        return line[i] if i < n else 0
-
-    args: list[bytes] = []
-    i = 0
-    while True:
-        while at(i) and at(i) in _C_ISSPACE:
-            i += 1
-        if not at(i):
-            return args
-        current = bytearray()
-        in_dq = in_sq = False
-        while True:
-            c = at(i)
-            if in_dq:
-                if c == 0x5C and at(i + 1) == ord("x") and at(i + 2) in _HEX and at(i + 3) in _HEX:
-                    current.append(int(bytes(line[i + 2 : i + 4]), 16))
-                    i += 3
-                elif c == 0x5C and at(i + 1):
-                    i += 1
-                    current.append(_ESCAPES.get(at(i), at(i)))
-                elif c == ord('"'):
-                    if at(i + 1) and at(i + 1) not in _C_ISSPACE:
-                        return None
-                    i += 1
-                    break
-                elif not c:
-                    return None  # unterminated quotes
-                else:
-                    current.append(c)
-            elif in_sq:
-                if c == 0x5C and at(i + 1) == ord("'"):
-                    i += 1
-                    current.append(ord("'"))
-                elif c == ord("'"):
-                    if at(i + 1) and at(i + 1) not in _C_ISSPACE:
-                        return None
-                    i += 1
-                    break
-                elif not c:
-                    return None
-                else:
-                    current.append(c)
-            else:
-                if c in _TOKEN_END:  # includes NUL: end of line
-                    if c:
-                        i += 1
-                    break
-                if c == ord('"'):
-                    in_dq = True
-                elif c == ord("'"):
-                    in_sq = True
-                else:
-                    current.append(c)
-            i += 1
-        args.append(bytes(current))
-
-
 _REPR_ESCAPES = {0x5C: "\\\\", 0x22: '\\"', 10: "\\n", 13: "\\r", 9: "\\t", 7: "\\a", 8: "\\b"}
 
 
 def quote(value: str) -> str:
-    """Redis's ``sdscatrepr``: a double-quoted form ``split_args`` reads back."""
+    """Redis's ``sdscatrepr``: a double-quoted form ``splitargs`` reads back."""
     out = ['"']
     for byte in _bytes(value):
         if byte in _REPR_ESCAPES:
@@ -234,18 +160,6 @@ def quote(value: str) -> str:
             out.append(f"\\x{byte:02x}")
     out.append('"')
     return "".join(out)
-
-
-_LL_RE = re.compile(r"-?[1-9][0-9]*|0")
-
-
-def string2ll(text: str) -> int | None:
-    """Redis's strict ``string2ll``: no spaces, no '+', no leading zeros, no
-    "-0", and the value must fit a signed 64-bit integer."""
-    if not _LL_RE.fullmatch(text):
-        return None
-    value = int(text)
-    return value if LLONG_MIN <= value <= LLONG_MAX else None
 
 
 def _strtoll(text: str, base: int) -> tuple[int, bool, bool]:
@@ -302,91 +216,6 @@ def format_memory(value: int) -> str:
         if value and value % size == 0:
             return f"{value // size}{unit}"
     return str(value)
-
-
-def string_match(pattern: str, string: str, nocase: bool = False) -> bool:
-    """Redis's glob matcher ``stringmatchlen``: ``*``, ``?``, ``[a-z]``,
-    ``[^abc]`` and ``\\`` escapes, including its edge cases (an unclosed
-    ``[`` matches what it holds so far)."""
-    p, s = _bytes(pattern), _bytes(string)
-
-    def fold(c: int) -> int:
-        return c + 32 if nocase and 65 <= c <= 90 else c
-
-    skip_longer = [False]
-
-    def match(pi: int, si: int) -> bool:
-        plen, slen = len(p) - pi, len(s) - si
-
-        def pat(k: int) -> int:  # C reads the NUL terminator past the end
-            return p[pi + k] if pi + k < len(p) else 0
-
-        while plen and slen:
-            c = pat(0)
-            if c == ord("*"):
-                while plen and pat(1) == ord("*"):
-                    pi, plen = pi + 1, plen - 1
-                if plen == 1:
-                    return True
-                while slen:
-                    if match(pi + 1, si):
-                        return True
-                    if skip_longer[0]:
-                        return False
-                    si, slen = si + 1, slen - 1
-                # No match for the rest of the pattern from anywhere here: a
-                # longer match for an earlier '*' cannot help either.
-                skip_longer[0] = True
-                return False
-            elif c == ord("?"):
-                si, slen = si + 1, slen - 1
-            elif c == ord("["):
-                pi, plen = pi + 1, plen - 1
-                negate = pat(0) == ord("^")
-                if negate:
-                    pi, plen = pi + 1, plen - 1
-                matched = False
-                while True:
-                    if pat(0) == ord("\\") and plen >= 2:
-                        pi, plen = pi + 1, plen - 1
-                        if pat(0) == s[si]:
-                            matched = True
-                    elif pat(0) == ord("]"):
-                        break
-                    elif plen == 0:
-                        pi, plen = pi - 1, plen + 1
-                        break
-                    elif plen >= 3 and pat(1) == ord("-"):
-                        lo, hi, ch = pat(0), pat(2), s[si]
-                        if lo > hi:
-                            lo, hi = hi, lo
-                        if nocase:
-                            lo, hi, ch = fold(lo), fold(hi), fold(ch)
-                        pi, plen = pi + 2, plen - 2
-                        if lo <= ch <= hi:
-                            matched = True
-                    elif fold(pat(0)) == fold(s[si]):
-                        matched = True
-                    pi, plen = pi + 1, plen - 1
-                if negate:
-                    matched = not matched
-                if not matched:
-                    return False
-                si, slen = si + 1, slen - 1
-            else:
-                if c == ord("\\") and plen >= 2:
-                    pi, plen = pi + 1, plen - 1
-                if fold(pat(0)) != fold(s[si]):
-                    return False
-                si, slen = si + 1, slen - 1
-            pi, plen = pi + 1, plen - 1
-            if slen == 0:
-                while pat(0) == ord("*"):
-                    pi, plen = pi + 1, plen - 1
-                break
-        return plen == 0 and slen == 0
-
-    return match(0, 0)
 
 
 # ---------------------------------------------------------------------------
@@ -926,7 +755,7 @@ class Config:
                 if options:
                     options += "\n"
                 options += arg[2:] + " "
-                tokens = split_args(_bytes(arg))
+                tokens = splitargs(_bytes(arg))
                 if tokens is not None and len(tokens) == 1:
                     # A bare option name: its value comes next.
                     handled_last = False
@@ -959,7 +788,7 @@ class Config:
             if not line or line.startswith(b"#"):
                 continue
             try:
-                argv = split_args(line)
+                argv = splitargs(line)
                 if argv is None:
                     raise _LineError("Unbalanced quotes in configuration line")
                 if argv:
@@ -1024,8 +853,9 @@ class Config:
                 if entry is not None and key not in matches:
                     matches[key] = (pattern, entry[1])
                 continue
+            raw_pattern = _bytes(pattern)
             for key, (spelling, d) in self._spellings.items():
-                if key not in matches and string_match(pattern, spelling, nocase=True):
+                if key not in matches and stringmatchlen(raw_pattern, _bytes(spelling), nocase=True):
                     matches[key] = (spelling, d)
         return {shown: d.kind.show(self._values[d.name]) for shown, d in matches.values()}
 
@@ -1147,7 +977,7 @@ class Config:
                     needs_signature = False
                 lines.append(line)
                 continue
-            argv = split_args(line)
+            argv = splitargs(line)
             name = _lower(_text(argv[0])) if argv else None
             if name == "include":
                 lines.append(line)

@@ -97,15 +97,28 @@ async def serve_connection(server: Any, sock: socket.socket, client: Client) -> 
             parser.feed(data)
             client.busy = True
             try:
-                await _run_buffered_requests(ctx, parser, out)
+                pending = _run_buffered_requests(ctx, parser, out)
+                while pending is not None:
+                    _emit(ctx, parser, out, await execute_pending(ctx, pending))
+                    pending = _run_buffered_requests(ctx, parser, out)
             finally:
                 client.busy = False
                 client.query_buffered = parser.buffered()
             if len(out):
+                chunks = out.take()
                 try:
-                    stats.total_net_output_bytes += await send_chunks(sock, out.take())
+                    # Usually the whole batch of replies fits the socket buffer:
+                    # write it here and await only when it does not.
+                    sent = sock.send(chunks[0]) if len(chunks) == 1 else 0
+                    if len(chunks) > 1 or sent < len(chunks[0]):
+                        if len(chunks) == 1:
+                            chunks = [memoryview(chunks[0])[sent:]]
+                        sent += await send_chunks(sock, chunks)
+                except BlockingIOError:
+                    sent = await send_chunks(sock, chunks)
                 except OSError:
                     break
+                stats.total_net_output_bytes += sent
                 stats.total_writes_processed += 1
             if server.shutting_down:
                 break
@@ -113,28 +126,45 @@ async def serve_connection(server: Any, sock: socket.socket, client: Client) -> 
         server.parsers.pop(client.id, None)
 
 
-async def _run_buffered_requests(ctx: Context, parser: RequestParser, out: ReplyBuffer) -> None:
+def _run_buffered_requests(ctx: Context, parser: RequestParser, out: ReplyBuffer) -> Pending | None:
+    """Run the complete requests buffered, in order, encoding replies into ``out``.
+
+    Stops at a command whose handler is async and returns it for the caller
+    to await (a plain function keeps the common, all-sync batch free of
+    coroutine overhead).
+    """
     client = ctx.client
-    server = ctx.server
     while not client.close_after_reply:
         try:
             argv = parser.next_command()
         except ProtocolError as error:
-            if error.reply is not None:
-                server.stats.error("ERR")
-                out.write(error.reply)
-                log.log(15, "Protocol error (%s) from client: id=%d addr=%s", error.message, client.id, client.addr)
-            else:
-                log.warning("Closing client that reached max query buffer length: id=%d addr=%s", client.id, client.addr)
-            client.close_after_reply = True
-            return
+            _protocol_error(ctx, error, out)
+            return None
         if argv is NEED_DATA:
-            return
+            return None
         reply = execute(ctx, argv)
         if reply.__class__ is Pending:
-            reply = await execute_pending(ctx, reply)
-        if reply is NO_REPLY:
-            continue
+            return reply
+        _emit(ctx, parser, out, reply)
+    return None
+
+
+def _emit(ctx: Context, parser: RequestParser, out: ReplyBuffer, reply: Any) -> None:
+    client = ctx.client
+    if reply is not NO_REPLY:
         encode_into(out, reply, client.resp)
-        # AUTH / HELLO / RESET change the limits of the very next request.
-        parser.authenticated = client.authenticated or not server.auth_required
+    # AUTH / HELLO / RESET change the limits of the very next request.
+    parser.authenticated = client.authenticated or not ctx.server.auth_required
+
+
+def _protocol_error(ctx: Context, error: ProtocolError, out: ReplyBuffer) -> None:
+    client = ctx.client
+    stats = ctx.server.stats
+    if error.reply is not None:
+        stats.error("ERR")
+        out.write(error.reply)
+        log.log(15, "Protocol error (%s) from client: id=%d addr=%s", error.message, client.id, client.addr)
+    else:
+        stats.client_query_buffer_limit_disconnections += 1
+        log.warning("Closing client that reached max query buffer length: id=%d addr=%s", client.id, client.addr)
+    client.close_after_reply = True

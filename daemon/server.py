@@ -290,7 +290,8 @@ class Server:
                         control.start_soon(self._accept_loop, listener)
                     control.start_soon(self._cron)
                     if threading.current_thread() is threading.main_thread():
-                        control.start_soon(self._watch_signals)
+                        # Installed before "Ready" is logged: a supervisor may signal right after.
+                        await control.start(self._watch_signals)
                     for listener in self._listeners:
                         kind = "unix" if listener.is_unix else "tcp"
                         log.log(logs.ANNOUNCE, "Ready to accept connections %s on %s", kind, listener.address)
@@ -406,8 +407,9 @@ class Server:
                 log.log(15, "Closing idle client id=%d addr=%s", client.id, client.addr)
                 client.kill()
 
-    async def _watch_signals(self) -> None:
+    async def _watch_signals(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            task_status.started()
             async for signum in signals:
                 name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT"
                 log.warning("Received %s scheduling shutdown...", name)

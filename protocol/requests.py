@@ -47,12 +47,12 @@ to hiredis (see ``_GUARD``).
 
 from __future__ import annotations
 
-import re
-
 try:  # hiredis is a hard dependency of pfxcache, but the exact parser does not need it.
     import hiredis
 except ImportError:  # pragma: no cover
     hiredis = None
+
+from pfxcache.protocol.redis_strings import splitargs, string2ll
 
 __all__ = ["NEED_DATA", "ProtocolError", "RequestParser", "splitargs"]
 
@@ -75,8 +75,6 @@ PROTO_IOBUF_LEN = 16 * 1024  # readQueryFromClient's normal read size
 PROTO_INLINE_MAX_SIZE = 64 * 1024  # max inline request / count line
 PROTO_MBULK_BIG_ARG = 32 * 1024  # bulks at least this big get sized reads
 INT_MAX = 2**31 - 1
-_LLONG_MIN = -(2**63)
-_LLONG_MAX = 2**63 - 1
 _UNAUTH_MAX_MULTIBULK = 10
 _UNAUTH_MAX_BULK = 16384
 
@@ -109,109 +107,6 @@ _CR = 13
 _LF = 10
 _STAR = 42
 _DOLLAR = 36
-
-
-def _string2ll(data: bytes | bytearray) -> int | None:
-    """Redis's strict ``string2ll``: the integer, or None where Redis rejects it.
-
-    ``int()`` also accepts blanks, '+', '_' and leading zeros; each of those
-    makes the text longer than the canonical spelling of its value, which
-    string2ll requires ("-0" is rejected the same way).
-    """
-    if not 0 < len(data) < 21:  # LONG_STR_SIZE
-        return None
-    try:
-        value = int(data)
-    except ValueError:
-        return None
-    if len(data) != len(str(value)) or not _LLONG_MIN <= value <= _LLONG_MAX:
-        return None
-    return value
-
-
-# ----------------------------------------------------------------------------
-# sdssplitargs (sds.c), used for inline requests.
-# ----------------------------------------------------------------------------
-
-_ISSPACE = frozenset(b" \t\n\v\f\r")  # C isspace() in the "C" locale
-_TOKEN_END = frozenset(b" \n\r\t")  # what ends an unquoted token (not \v, \f)
-_HEXDIGITS = frozenset(b"0123456789abcdefABCDEF")
-_ESCAPES = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("b"): b"\b", ord("a"): b"\a"}
-# Lines without quotes, \v or \f split exactly like bytes.split().
-_NEEDS_SLOW_SPLIT = re.compile(rb"[\"'\v\f]")
-
-
-def splitargs(line: bytes) -> list[bytes] | None:
-    """Split an inline request like Redis's ``sdssplitargs``.
-
-    Returns the arguments, or None for unbalanced quotes (including a closing
-    quote followed by something other than a space).  ``line`` must not
-    contain NUL bytes (Redis's line search never returns one).
-    """
-    if _NEEDS_SLOW_SPLIT.search(line) is None:
-        return line.split()
-    n = len(line)
-    i = 0
-    out: list[bytes] = []
-    while True:
-        while i < n and line[i] in _ISSPACE:
-            i += 1
-        if i >= n:
-            return out
-        current = bytearray()
-        inq = insq = False
-        while True:
-            c = line[i] if i < n else 0
-            if inq:
-                if (
-                    c == 0x5C  # backslash
-                    and i + 3 < n
-                    and line[i + 1] == 0x78  # 'x'
-                    and line[i + 2] in _HEXDIGITS
-                    and line[i + 3] in _HEXDIGITS
-                ):
-                    current.append(int(line[i + 2 : i + 4], 16))
-                    i += 3
-                elif c == 0x5C and i + 1 < n:
-                    i += 1
-                    esc = line[i]
-                    current += _ESCAPES.get(esc) or bytes((esc,))
-                elif c == 0x22:  # closing '"' must be followed by a space or the end
-                    if i + 1 < n and line[i + 1] not in _ISSPACE:
-                        return None
-                    i += 1
-                    break
-                elif i >= n:  # unterminated quotes
-                    return None
-                else:
-                    current.append(c)
-            elif insq:
-                if c == 0x5C and i + 1 < n and line[i + 1] == 0x27:
-                    i += 1
-                    current.append(0x27)
-                elif c == 0x27:
-                    if i + 1 < n and line[i + 1] not in _ISSPACE:
-                        return None
-                    i += 1
-                    break
-                elif i >= n:
-                    return None
-                else:
-                    current.append(c)
-            else:
-                if i >= n:
-                    break
-                if c in _TOKEN_END:
-                    i += 1
-                    break
-                if c == 0x22:
-                    inq = True
-                elif c == 0x27:
-                    insq = True
-                else:
-                    current.append(c)
-            i += 1
-        out.append(bytes(current))
 
 
 # ----------------------------------------------------------------------------
@@ -547,7 +442,7 @@ class RequestParser:
                 r = self._count_line(pos, end, _TOO_BIG_MBULK)
                 if r < 0:
                     return NEED_DATA
-                count = _string2ll(buf[pos + 1 : r])
+                count = string2ll(buf[pos + 1 : r])
                 if count is None or count > INT_MAX:
                     raise self._fail(_protocol_error(b"Protocol error: invalid multibulk length"))
                 if count > _UNAUTH_MAX_MULTIBULK and not self.authenticated:
@@ -577,7 +472,7 @@ class RequestParser:
                         raise self._fail(
                             _protocol_error(b"Protocol error: expected '$', got '" + shown + b"'")
                         )
-                    bulklen = _string2ll(buf[pos + 1 : r])
+                    bulklen = string2ll(buf[pos + 1 : r])
                     if bulklen is None or bulklen < 0 or bulklen > self.proto_max_bulk_len:
                         raise self._fail(_protocol_error(b"Protocol error: invalid bulk length"))
                     if bulklen > _UNAUTH_MAX_BULK and not self.authenticated:

@@ -22,7 +22,6 @@ from pfxcache.daemon.commands.table import (
     command_getkeys_reply,
     command_info_reply,
     get_keys,
-    stringmatchlen,
 )
 from pfxcache.protocol.replies import Error, Set, SimpleString, encode
 
@@ -272,29 +271,6 @@ def test_command_handlers(table: CommandTable) -> None:
     help_lines = introspection.command_help(ctx, [b"command", b"help"])
     assert help_lines[0] == SimpleString("COMMAND <subcommand> [<arg> [value] [opt] ...]. Subcommands are:")
     assert help_lines[-1] == SimpleString("    Prints this help.") and len(help_lines) == 21
-
-
-@pytest.mark.parametrize("pattern, string, nocase, expected", [
-    (b"*", b"", False, False),  # sic: Redis needs a non-empty string (KEYS special-cases "*")
-    (b"c*", b"client|id", False, True),
-    (b"C*", b"client|id", False, False),
-    (b"C*", b"client|id", True, True),
-    (b"h?llo", b"hello", False, True),
-    (b"h[ae]llo", b"hallo", False, True),
-    (b"h[^e]llo", b"hello", False, False),
-    (b"h[a-b]llo", b"hbllo", False, True),
-    (b"h[b-a]llo", b"hallo", False, True),
-    (b"h\\*llo", b"h*llo", False, True),
-    (b"h\\*llo", b"hello", False, False),
-    (b"a[", b"a", False, False),
-    (b"a[bc", b"ab", False, True),
-    (b"*a*b*", b"xxaxxbxx", False, True),
-    (b"*a*b", b"xxaxxbxx", False, False),
-    (b"a**", b"a", False, True),
-    (b"[\\]]", b"]", False, True),
-])
-def test_stringmatchlen(pattern: bytes, string: bytes, nocase: bool, expected: bool) -> None:
-    assert stringmatchlen(pattern, string, nocase) is expected
 
 
 # --------------------------------------------------------------------------- keys

@@ -34,10 +34,8 @@ from pfxcache.daemon.config import (
     conf_text,
     memtoull,
     quote,
-    split_args,
-    string2ll,
-    string_match,
 )
+from pfxcache.protocol.redis_strings import splitargs
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED_CONF = REPO / "conf" / "pfxcached.conf"
@@ -218,7 +216,7 @@ def test_row_is_consistent(d: Directive):
     assert d.name == d.name.lower() and d.doc.strip()
     if isinstance(d.default, Computed):
         return
-    args = [a.decode() for a in split_args(d.kind.conf(d.default).encode())]
+    args = [a.decode() for a in splitargs(d.kind.conf(d.default).encode())]
     assert Config()._parse(d, args) == d.default
     shown = d.kind.show(d.default)
     set_args = (shown.split(" ") if shown else []) if d.kind.multi_arg else [shown]
@@ -267,42 +265,12 @@ def test_conf_text_names_new_rows():
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "line, args",
-    [
-        (b"port 6390", [b"port", b"6390"]),
-        (b"  bind   127.0.0.1\t::1  ", [b"bind", b"127.0.0.1", b"::1"]),
-        (b'requirepass "a b"', [b"requirepass", b"a b"]),
-        (b'requirepass ""', [b"requirepass", b""]),
-        (b"requirepass 'it\\'s'", [b"requirepass", b"it's"]),
-        (b"requirepass 'a\\nb'", [b"requirepass", b"a\\nb"]),
-        (b'requirepass "a\\nb\\t\\"\\\\"', [b"requirepass", b'a\nb\t"\\']),
-        (b'requirepass "\\xff\\x41"', [b"requirepass", b"\xffA"]),
-        (b'requirepass "\\xzz"', [b"requirepass", b"xzz"]),
-        (b'requirepass a"b c"', [b"requirepass", b"ab c"]),
-        (b'requirepass a"b c"d', None),
-        (b'requirepass "abc', None),
-        (b'requirepass "abc"d', None),
-        (b"requirepass 'abc", None),
-        (b"", []),
-    ],
-)
-def test_split_args(line, args):
-    assert split_args(line) == args
-
-
 @pytest.mark.parametrize("value", ["", "plain", 'a "quoted" \\ value', "tab\tnew\nline", "\udcff\x01é"])
 def test_quote_round_trips(value):
     text = quote(value)
     assert text.isascii()
-    [raw] = split_args(text.encode())
+    [raw] = splitargs(text.encode())
     assert raw.decode("utf-8", "surrogateescape") == value
-
-
-def test_string2ll_is_strict():
-    assert string2ll("0") == 0 and string2ll("-5") == -5 and string2ll("9223372036854775807") == 2**63 - 1
-    for bad in ["", "007", "+5", " 5", "5 ", "-0", "1.5", "9223372036854775808", "٣"]:
-        assert string2ll(bad) is None, bad
 
 
 def test_memtoull():
@@ -314,35 +282,6 @@ def test_memtoull():
     assert memtoull("20000000000gb") == (20000000000 * 1024**3) % 2**64  # and C wraps
     for bad in ["-1", "+1", " 1", "1.5mb", "1tb", "0x10", "1kB "]:
         assert memtoull(bad) is None, bad
-
-
-@pytest.mark.parametrize(
-    "pattern, string, nocase, expected",
-    [
-        ("*", "port", False, True),
-        ("p?rt", "port", False, True),
-        ("p?rt", "prt", False, False),
-        ("[pt]ort", "tort", False, True),
-        ("[^pt]ort", "port", False, False),
-        ("[a-c]x", "bx", False, True),
-        ("[c-a]x", "bx", False, True),  # reversed ranges work
-        ("PORT", "port", True, True),
-        ("PORT", "port", False, False),
-        ("[A-Z]ort", "port", True, True),
-        ("\\*", "*", False, True),
-        ("\\*", "x", False, False),
-        ("po[", "po", False, False),
-        ("po[rt", "por", False, True),  # unclosed class: what it holds so far
-        ("*max*len*", "proto-max-bulk-len", False, True),
-        ("a*b*c", "aXbYc", False, True),
-        ("a*b*c", "aXbY", False, False),
-        ("**", "", False, False),  # Redis never matches an empty string against a non-empty pattern
-        ("", "", False, True),
-        ("a**", "a", False, True),
-    ],
-)
-def test_string_match(pattern, string, nocase, expected):
-    assert string_match(pattern, string, nocase) is expected
 
 
 # ---------------------------------------------------------------------------

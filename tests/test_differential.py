@@ -76,6 +76,8 @@ COMMAND_CASES = {
     "auth too many": b"AUTH a b c\r\n",
     "select": b"SELECT 0\r\nSELECT 1\r\nSELECT abc\r\nSELECT -1\r\nSELECT 99999999999\r\n",
     "select arity": b"SELECT\r\n",
+    # string2ll is strict: no '+', '_', leading zeros or "-0" (int() takes "1_0").
+    "strict integers": b"SELECT +0\r\nSELECT 00\r\nSELECT -0\r\nSELECT 0_0\r\nHELLO 3_0\r\nCLIENT KILL ID 1_0\r\n",
     "client setname": b'CLIENT SETNAME "a b"\r\nCLIENT SETNAME ok-name\r\nCLIENT GETNAME\r\nCLIENT SETNAME ""\r\nCLIENT GETNAME\r\n',
     "client unknown subcommand": b"CLIENT FOO\r\n",
     "client no subcommand": b"CLIENT\r\n",

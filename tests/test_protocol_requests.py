@@ -25,7 +25,6 @@ from pfxcache.protocol.requests import (
     NEED_DATA,
     ProtocolError,
     RequestParser,
-    splitargs,
 )
 
 FAST_AND_EXACT = pytest.mark.parametrize("use_hiredis", [True, False], ids=["fast", "exact"])
@@ -275,40 +274,6 @@ def test_line_limit_boundary(use_hiredis):
     assert events(b"*" + b"1" * limit + b"\r\n", use_hiredis=use_hiredis) == [
         err(PE + b"too big mbulk count string")
     ]
-
-
-# sdssplitargs cases, each checked against redis-server 7.0.15.
-SPLITARGS = [
-    (b"", []),
-    (b"   ", []),
-    (b"set a b", [b"set", b"a", b"b"]),
-    (b'"a\\x4"', [b"ax4"]),
-    (b'"a\\"', None),
-    (b'"a\\', None),
-    (b"'a\\'' b", [b"a'", b"b"]),
-    (b"'a'b", None),
-    (b'"a"\x0bb', [b"a", b"b"]),
-    (b'a"b c"d', None),
-    (b'a"b c"', [b"ab c"]),
-    (b'"\\q\\n"', [b"q\n"]),
-    (b'"\\n\\r\\t\\b\\a\\\\\\""', [b"\n\r\t\b\a\\\""]),
-    (b"x\x0c\x0by", [b"x\x0c\x0by"]),  # \v and \f do not end a token...
-    (b"\x0c\x0bx", [b"x"]),  # ...but are skipped before one
-    (b"x 'a\\nb'", [b"x", b"a\\nb"]),
-    (b'x "\\xZZ"', [b"x", b"xZZ"]),
-    (b'x "\\x4A\\x4a\\xff"', [b"x", b"JJ\xff"]),
-    (b'x ""', [b"x", b""]),
-    (b"x ''", [b"x", b""]),
-    (b'x """"', None),
-    (b'"unterminated', None),
-    (b"'unterminated", None),
-    (b"caf\xc3\xa9 \xff", [b"caf\xc3\xa9", b"\xff"]),
-]
-
-
-@pytest.mark.parametrize("line,expected", SPLITARGS)
-def test_splitargs(line, expected):
-    assert splitargs(line) == expected
 
 
 @given(st.lists(st.binary(max_size=20), min_size=1, max_size=8))
@@ -746,43 +711,6 @@ def test_big_requests_switch_to_exact_parser_and_back(monkeypatch):
     drain(parser, out)
     assert out == [[b"GET", b"k"]] * 50
     assert len(calls) - exact_calls <= 2  # ...and small ones back to hiredis
-
-
-def _reference_string2ll(text: bytes):
-    # A literal transcription of util.c string2ll.
-    if not text or len(text) >= 21:
-        return None
-    if text == b"0":
-        return 0
-    i, negative = 0, False
-    if text[0:1] == b"-":
-        negative, i = True, 1
-        if i == len(text):
-            return None
-    if not 0x31 <= text[i] <= 0x39:
-        return None
-    value = 0
-    for c in text[i:]:
-        if not 0x30 <= c <= 0x39:
-            return None
-        value = value * 10 + c - 0x30
-    if negative:
-        return -value if value <= 2**63 else None
-    return value if value <= 2**63 - 1 else None
-
-
-@given(
-    st.one_of(
-        st.lists(st.sampled_from(b"0123456789-+ _\t\x00a"), max_size=22).map(bytes),
-        st.integers(-(2**64), 2**64).map(lambda n: b"%d" % n),
-    )
-)
-@settings(max_examples=500, deadline=None)
-def test_string2ll_matches_redis(text):
-    from pfxcache.protocol.requests import _string2ll
-
-    assert _string2ll(text) == _reference_string2ll(text)
-    assert _string2ll(bytearray(text)) == _reference_string2ll(text)
 
 
 # ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
+from pfxcache.protocol.redis_strings import string2ll
 from pfxcache.protocol.replies import OK, PONG, Error, SimpleString, Verbatim
 
 from . import handles
@@ -24,15 +25,8 @@ LLONG_MIN, LLONG_MAX = -(2**63), 2**63 - 1
 
 def parse_integer(raw: bytes, low: int = LLONG_MIN, high: int = LLONG_MAX) -> int | None:
     """Redis's string2ll: an exact decimal integer in [low, high], else None."""
-    if not raw or len(raw) > 20 or raw != raw.strip() or raw[:1] == b"+":
-        return None
-    if (raw[:1] == b"0" and len(raw) > 1) or raw[:2] == b"-0":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        return None
-    return value if low <= value <= high else None
+    value = string2ll(raw)
+    return value if value is not None and low <= value <= high else None
 
 
 def arity_error(fullname: str) -> Error:

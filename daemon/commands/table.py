@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pfxcache.protocol.redis_strings import string2ll, stringmatchlen
 from pfxcache.protocol.replies import Error, Set, SimpleString
 
 __all__ = [
@@ -39,7 +40,6 @@ __all__ = [
     "command_list",
     "get_keys",
     "has_key_arguments",
-    "stringmatchlen",
 ]
 
 DEFS_DIR = Path(__file__).with_name("defs")
@@ -683,125 +683,6 @@ def command_docs_map(table: CommandTable, names: list[bytes]) -> dict:
 # --------------------------------------------------------------------------- COMMAND LIST
 
 
-def stringmatchlen(pattern: bytes, string: bytes, nocase: bool = False) -> bool:
-    """Redis's glob matcher (util.c ``stringmatchlen``), byte for byte.
-
-    Supports ``*``, ``?``, ``[...]`` with ``^`` and ranges, and backslash
-    escapes, with Redis's quirks: an unterminated ``[`` is a set running to
-    the end of the pattern, bytes compare as signed chars, and an empty
-    string matches no pattern, not even ``*`` (KEYS special-cases ``*``).
-    """
-    try:
-        return _match(pattern, 0, string, 0, nocase, [False], 0)
-    except RecursionError:
-        # Only patterns with hundreds of '*' get here; Redis stops at 1000 levels
-        # of nesting, Python's stack may stop earlier. Either way: no match.
-        return False
-
-
-def _signed(b: int) -> int:
-    return b - 256 if b >= 128 else b
-
-
-def _lower(b: int) -> int:
-    return b + 32 if 65 <= b <= 90 else b
-
-
-def _match(pat: bytes, p: int, s: bytes, i: int, nocase: bool, skip_longer: list, nesting: int) -> bool:
-    # A direct transliteration of stringmatchlen_impl(); p/i index pattern/string.
-    if nesting > 1000:
-        return False
-    plen = len(pat) - p
-    slen = len(s) - i
-
-    def pc(k: int) -> int:
-        # Reading past the end sees the sds NUL terminator.
-        return pat[k] if k < len(pat) else 0
-
-    while plen and slen:
-        c = pat[p]
-        if c == 0x2A:  # '*'
-            while plen and pc(p + 1) == 0x2A:
-                p += 1
-                plen -= 1
-            if plen == 1:
-                return True
-            while slen:
-                if _match(pat, p + 1, s, i, nocase, skip_longer, nesting + 1):
-                    return True
-                if skip_longer[0]:
-                    return False
-                i += 1
-                slen -= 1
-            skip_longer[0] = True
-            return False
-        elif c == 0x3F:  # '?'
-            i += 1
-            slen -= 1
-        elif c == 0x5B:  # '['
-            p += 1
-            plen -= 1
-            negate = pc(p) == 0x5E
-            if negate:
-                p += 1
-                plen -= 1
-            matched = False
-            while True:
-                if pc(p) == 0x5C and plen >= 2:
-                    p += 1
-                    plen -= 1
-                    if pc(p) == s[i]:
-                        matched = True
-                elif pc(p) == 0x5D:
-                    break
-                elif plen == 0:
-                    p -= 1
-                    plen += 1
-                    break
-                elif plen >= 3 and pc(p + 1) == 0x2D:
-                    start, end, ch = _signed(pc(p)), _signed(pc(p + 2)), _signed(s[i])
-                    if start > end:
-                        start, end = end, start
-                    if nocase:
-                        start, end, ch = _lower(start), _lower(end), _lower(ch)
-                    p += 2
-                    plen -= 2
-                    if start <= ch <= end:
-                        matched = True
-                elif nocase:
-                    if _lower(pc(p)) == _lower(s[i]):
-                        matched = True
-                elif pc(p) == s[i]:
-                    matched = True
-                p += 1
-                plen -= 1
-            if negate:
-                matched = not matched
-            if not matched:
-                return False
-            i += 1
-            slen -= 1
-        else:
-            if c == 0x5C and plen >= 2:  # '\\' escapes the next byte
-                p += 1
-                plen -= 1
-            if nocase:
-                if _lower(pc(p)) != _lower(s[i]):
-                    return False
-            elif pc(p) != s[i]:
-                return False
-            i += 1
-            slen -= 1
-        p += 1
-        plen -= 1
-        if slen == 0:
-            while pc(p) == 0x2A and plen > 0:
-                p += 1
-                plen -= 1
-            break
-    return plen == 0 and slen == 0
-
-
 def command_list(table: CommandTable, args: list[bytes]) -> list | Error:
     """``COMMAND LIST [FILTERBY MODULE m|ACLCAT c|PATTERN p]``; ``args`` follow ``LIST``."""
     predicate: Callable[[CommandSpec], bool] | None = None
@@ -890,7 +771,7 @@ def _keys_from_specs(spec: CommandSpec, argv: list[bytes], include_not_keys: boo
             step = ks.keystep
             if first + ks.keynumidx >= argc:
                 return None
-            numkeys = _parse_ll(argv[first + ks.keynumidx])
+            numkeys = string2ll(argv[first + ks.keynumidx])
             if numkeys is None or numkeys < 0:
                 return None
             first += ks.firstkey
@@ -902,21 +783,6 @@ def _keys_from_specs(spec: CommandSpec, argv: list[bytes], include_not_keys: boo
         for i in range(first, last + 1, step):
             keys.append((i, ks.flags))
     return keys
-
-
-def _parse_ll(data: bytes) -> int | None:
-    # string2ll(): optional '-', digits, no leading zeros or '+', fits in 64 bits.
-    if not data or len(data) > 20:
-        return None
-    if data == b"0":
-        return 0
-    body = data[1:] if data[:1] == b"-" else data
-    if not body or not body.isdigit() or body[:1] == b"0":
-        return None
-    value = int(data)
-    if not -(1 << 63) <= value < (1 << 63):
-        return None
-    return value
 
 
 def command_getkeys_reply(table: CommandTable, argv: list[bytes], with_flags: bool) -> Any:
