@@ -531,8 +531,9 @@ DIRECTIVES: tuple[Directive, ...] = (
     ),
     Directive(
         name="port", kind=Int(), default=6390, minimum=0, maximum=65535,
-        doc="TCP port to accept clients on; 0 opens no TCP listener (use unixsocket). "
-        "The default differs from Redis's 6379 so that both can run on one host.",
+        doc="TCP port to accept clients on; 0 asks the kernel for a free port, which the "
+        "\"Ready to accept connections\" log line reports (unlike Redis, where 0 opens no TCP "
+        "listener). The default differs from Redis's 6379 so that both can run on one host.",
     ),
     Directive(
         name="unixsocket", kind=String(), default="", mutable=False,
@@ -611,6 +612,57 @@ DIRECTIVES: tuple[Directive, ...] = (
         name="shutdown-timeout", kind=Int(), default=10, minimum=0, maximum=INT_MAX,
         doc="Seconds a graceful shutdown (SHUTDOWN, SIGTERM, SIGINT) waits for clients' "
         "in-flight work before exiting anyway.",
+    ),
+    # --- the prefix store ---
+    Directive(
+        name="maxmemory", kind=Memory(), default=256 * 1024**2, minimum=1024, maximum=LONG_MAX, mutable=False,
+        doc="Size of the block arena: the memory budget of every namespace together. It is "
+        "reserved at startup and cut into maxmemory / block-bytes blocks.",
+    ),
+    Directive(
+        name="maxmemory-policy", kind=Enum(("lru", "lfu", "hybrid")), default="hybrid",
+        doc="Which unpinned leaf pages go first when blocks are needed: lru (least recently "
+        "used), lfu (least frequently used, then least recent), hybrid (highest "
+        "age / (frequency + 1)).",
+    ),
+    Directive(
+        name="page-size", kind=Int(), default=16, minimum=1, maximum=1 << 20, mutable=False,
+        doc="Tokens per page. Only full pages are cached and matches are whole pages; each "
+        "cached page owns one block.",
+    ),
+    Directive(
+        name="block-bytes", kind=Memory(), default=16384, minimum=1, maximum=LONG_MAX, mutable=False,
+        doc="Bytes of KV data per page (one block): opaque to the daemon, fixed by the model "
+        "(layers x 2 x kv heads x head dim x page-size x dtype size).",
+    ),
+    Directive(
+        name="shards", kind=Int(), default=16, minimum=1, maximum=4096, mutable=False,
+        doc="Shards of each namespace's tree, each behind its own reader-writer lock: a "
+        "writer on one shard never delays readers of another.",
+    ),
+    Directive(
+        name="lease-ttl", kind=Int(), default=30000, minimum=1, maximum=7 * 24 * 3600 * 1000,
+        doc="Milliseconds a lease (blocks pinned by PFXGET or PFXALLOC) lives unless released "
+        "or renewed first; the TTL option of those commands overrides it.",
+    ),
+    Directive(
+        name="evict-low-watermark", kind=Int(), default=5, minimum=0, maximum=90,
+        doc="Percent of the arena's blocks a background task keeps free by evicting ahead "
+        "of need, so that writes rarely wait for eviction; 0 evicts only on demand.",
+    ),
+    Directive(
+        name="prompt-max-tokens", kind=Int(), default=1 << 20, minimum=1, maximum=INT_MAX,
+        doc="Most tokens one PFXGET, PFXSET or PFXEVICT may carry.",
+    ),
+    Directive(
+        name="arena", kind=Enum(("shm", "memory")), default="shm", mutable=False,
+        doc="Where blocks live: shm, a POSIX shared-memory file workers on this host map "
+        "zero-copy (/dev/shm/<arena-name>-<pid>-<port>); memory, private to the daemon.",
+    ),
+    Directive(
+        name="arena-name", kind=String(), default="pfxcache", mutable=False,
+        doc="Prefix of the shared-memory file's name. At startup, files with this prefix left "
+        "by a daemon that no longer runs are removed.",
     ),
     # --- Redis compatibility: accepted so that Redis tools and configs work ---
     Directive(

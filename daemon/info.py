@@ -209,7 +209,9 @@ SECTIONS: dict[str, tuple[str, Callable[[Any], Iterable[Any]], bool]] = {
 
 #: Module-style sections (``# pfxcache`` ...) added by later parts of the daemon:
 #: name -> (title, builder). Shown for ``everything``, ``modules`` or by name.
-MODULE_SECTIONS: dict[str, tuple[str, Callable[[Any], Iterable[Any]]]] = {}
+MODULE_SECTIONS: dict[str, tuple[str, Callable[[Any], Iterable[Any]]]] = {
+    "pfxcache": ("pfxcache", lambda server: server.prefix.info_section() if server.prefix else []),
+}
 
 
 def select_sections(args: list[str]) -> list[str]:

@@ -34,6 +34,7 @@ from . import logs
 from .clients import Client, ClientRegistry
 from .commands.table import CommandTable
 from .connection import serve_connection
+from .prefix import PrefixService
 from .stats import Stats
 
 log = logging.getLogger("pfxcached")
@@ -65,10 +66,10 @@ class StartupError(Exception):
 
 def build_command_table() -> CommandTable:
     """The command table with every handler module bound to its rows."""
-    from .commands import connection_commands, introspection, server_commands
+    from .commands import connection_commands, introspection, prefix_commands, server_commands
 
     table = CommandTable.load()
-    for module in (connection_commands, server_commands, introspection):
+    for module in (connection_commands, server_commands, introspection, prefix_commands):
         table.bind_module(module)
     return table
 
@@ -185,6 +186,8 @@ class Server:
         self.addresses: list[str] = []
         self.shutting_down = False
         self.peak_memory = 0
+        #: The prefix store service, created once the port is known (it names the arena).
+        self.prefix: PrefixService | None = None
         self._listeners: list[Listener] = []
         self._shutdown_requested: trio.Event | None = None
         self._control_nursery: trio.Nursery | None = None
@@ -206,31 +209,36 @@ class Server:
     def uptime(self) -> float:
         return time.monotonic() - self.started_monotonic
 
-    # The keyspace figures INFO and DBSIZE report; the prefix store fills them in.
+    # The keyspace figures INFO and DBSIZE report, from the prefix store.
     def dbsize(self) -> int:
         """Number of keys (namespaces) in db 0."""
-        return 0
+        return len(self.prefix.store.namespaces()) if self.prefix else 0
 
     def memory_limit(self) -> int:
-        return 0
+        return self.config["maxmemory"]
 
     def memory_policy(self) -> str:
-        return "noeviction"
+        return self.config["maxmemory-policy"]
 
     def dataset_bytes(self) -> int:
-        return 0
+        if not self.prefix:
+            return 0
+        stats = self.prefix.store.stats()
+        return stats["blocks_used"] * self.prefix.arena.block_bytes
 
     def evicted_keys(self) -> int:
-        return 0
+        return self.prefix.store.stats()["evictions"] if self.prefix else 0
 
     def keyspace_hits(self) -> int:
-        return 0
+        return self.prefix.store.stats()["hits_tokens"] if self.prefix else 0
 
     def keyspace_misses(self) -> int:
-        return 0
+        return self.prefix.store.stats()["misses_tokens"] if self.prefix else 0
 
     def flush(self) -> None:
-        """FLUSHALL / FLUSHDB: drop every unpinned entry (nothing is stored yet)."""
+        """FLUSHALL / FLUSHDB: drop every unpinned page of every namespace."""
+        if self.prefix:
+            self.prefix.store.flush()
 
     def request_shutdown(self, reason: str = "SHUTDOWN") -> None:
         """Begin a graceful shutdown (idempotent)."""
@@ -280,6 +288,12 @@ class Server:
         """Run until shutdown. ``task_status.started`` receives the server once it listens."""
         self._shutdown_requested = trio.Event()
         self._open_listeners()
+        try:
+            self.prefix = PrefixService(self.config, tcp_port=self.tcp_port)
+        except (ValueError, OSError) as exc:
+            for listener in self._listeners:
+                listener.close()
+            raise StartupError(f"Cannot create the block arena: {exc}") from exc
         self._write_pidfile()
         try:
             async with trio.open_nursery() as connections:
@@ -309,6 +323,7 @@ class Server:
                 listener.close()
                 if listener.is_unix:
                     _unlink_quietly(listener.address)
+            self.prefix.close()
             self._remove_pidfile()
             log.warning("pfxcached is now ready to exit, bye bye...")
 
@@ -385,6 +400,8 @@ class Server:
             finally:
                 self.clients.remove(client)
                 sock.close()
+                # Leases belong to their connection: a worker that dies frees its pins.
+                self.prefix.release_owner(client.id)
 
     async def _cron(self) -> None:
         """Periodic work, like Redis's serverCron: ops/sec samples, idle timeouts, memory peak."""
@@ -393,6 +410,7 @@ class Server:
             await trio.sleep(0.1)
             ticks += 1
             self.stats.sample()
+            self.prefix.tick()
             if ticks % 10 == 0:
                 self._close_idle_clients()
                 self.peak_memory = max(self.peak_memory, process_rss())

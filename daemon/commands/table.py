@@ -49,6 +49,8 @@ ACL_CATEGORIES: tuple[str, ...] = (
     "keyspace", "read", "write", "set", "sortedset", "list", "hash", "string",
     "bitmap", "hyperloglog", "geo", "stream", "pubsub", "admin", "fast", "slow",
     "blocking", "dangerous", "connection", "transaction", "scripting",
+    # pfxcache's own: the prefix cache commands, so ACLs can say +@pfx / -@pfx.
+    "pfx",
 )
 _CATEGORY_RANK = {name: i for i, name in enumerate(ACL_CATEGORIES)}
 

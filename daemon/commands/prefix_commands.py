@@ -1,0 +1,257 @@
+"""The prefix cache commands: PFXGET, PFXSET, PFXALLOC, PFXRELEASE, PFXEVICT, PFXINFO.
+
+Argument grammar (the rows in ``defs/pfx*.json`` document it for COMMAND DOCS):
+tokens are ``TOKENS t1 t2 ...`` (decimal uint32, the list ends at the first
+argument that is not an integer) or ``PACKED blob`` (little-endian uint32s).
+Bad input of any kind is an ``-ERR`` with the reason, and changes nothing.
+Replies are maps: RESP3 maps, flat name/value arrays under RESP2.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from typing import Any
+
+from pfxcache.protocol.replies import Error
+
+from ..store.errors import StoreError
+from . import handles
+
+UINT32_MAX = 2**32 - 1
+TTL_MAX_MS = 7 * 24 * 3600 * 1000  # a week: longer than any prefill, short of forever
+
+
+class ArgumentError(Exception):
+    """Bad arguments: the message is the whole error reply."""
+
+
+def _is_decimal(raw: bytes) -> bool:
+    body = raw[1:] if raw[:1] == b"-" else raw
+    return body.isdigit() and len(raw) <= 20
+
+
+def _integer(raw: bytes, what: str, low: int, high: int) -> int:
+    if not _is_decimal(raw) or (raw[:1] == b"0" and len(raw) > 1):
+        raise ArgumentError(f"ERR {what} must be an integer, got '{_show(raw)}'")
+    value = int(raw)
+    if not low <= value <= high:
+        raise ArgumentError(f"ERR {what} must be between {low} and {high}, got {value}")
+    return value
+
+
+def _show(raw: bytes, limit: int = 64) -> str:
+    text = raw[:limit].decode("utf-8", "replace")
+    return text + ("..." if len(raw) > limit else "")
+
+
+def parse_tokens(argv: list[bytes], position: int, max_tokens: int) -> tuple[bytes, int]:
+    """Parse ``TOKENS t ...`` or ``PACKED blob`` at ``argv[position]``.
+
+    Returns the packed little-endian uint32 tokens and the position after them.
+    """
+    if position >= len(argv):
+        raise ArgumentError("ERR missing TOKENS or PACKED")
+    keyword = argv[position].upper()
+    if keyword == b"PACKED":
+        if position + 1 >= len(argv):
+            raise ArgumentError("ERR PACKED needs a blob of little-endian uint32 token ids")
+        blob = argv[position + 1]
+        if len(blob) % 4:
+            raise ArgumentError(f"ERR PACKED blob of {len(blob)} bytes is not a whole number of uint32 token ids")
+        if len(blob) // 4 > max_tokens:
+            raise ArgumentError(f"ERR prompt of {len(blob) // 4} tokens is over prompt-max-tokens ({max_tokens})")
+        return blob, position + 2
+    if keyword != b"TOKENS":
+        raise ArgumentError(f"ERR expected TOKENS or PACKED, got '{_show(argv[position])}'")
+    end = position + 1
+    while end < len(argv) and _is_decimal(argv[end]):
+        end += 1
+    count = end - position - 1
+    if count > max_tokens:
+        raise ArgumentError(f"ERR prompt of {count} tokens is over prompt-max-tokens ({max_tokens})")
+    try:
+        values = array("I", [int(raw) for raw in argv[position + 1 : end]])
+    except OverflowError:
+        bad = next(raw for raw in argv[position + 1 : end] if not 0 <= int(raw) <= UINT32_MAX)
+        raise ArgumentError(f"ERR token id '{_show(bad)}' is not an unsigned 32-bit integer") from None
+    if values.itemsize != 4:  # pragma: no cover - every supported platform has a 4-byte 'I'
+        raise ArgumentError("ERR this platform has no 4-byte unsigned int array type")
+    if sys.byteorder != "little":  # pragma: no cover - the wire format is little-endian
+        values.byteswap()
+    return values.tobytes(), end
+
+
+def _ttl(argv: list[bytes], position: int) -> int:
+    if position + 1 >= len(argv):
+        raise ArgumentError("ERR TTL needs a number of milliseconds")
+    return _integer(argv[position + 1], "TTL", 1, TTL_MAX_MS)
+
+
+def _store_error(error: StoreError) -> Error:
+    return Error(error.line)
+
+
+def _service(ctx: Any) -> Any:
+    return ctx.server.prefix
+
+
+def _namespace(raw: bytes) -> bytes:
+    if not raw:
+        raise ArgumentError("ERR the namespace (key) must not be empty")
+    return raw
+
+
+@handles("pfxget")
+async def pfxget(ctx: Any, argv: list[bytes]) -> Any:
+    service = _service(ctx)
+    store = service.store
+    try:
+        namespace = _namespace(argv[1])
+        tokens, position = parse_tokens(argv, 2, ctx.server.config["prompt-max-tokens"])
+        lease, ttl_ms, with_data = True, None, False
+        while position < len(argv):
+            option = argv[position].upper()
+            if option == b"NOLEASE":
+                lease = False
+                position += 1
+            elif option == b"TTL":
+                ttl_ms = _ttl(argv, position)
+                position += 2
+            elif option == b"WITHDATA":
+                with_data = True
+                position += 1
+            else:
+                raise ArgumentError(f"ERR unknown option '{_show(argv[position])}' for 'pfxget'")
+    except ArgumentError as exc:
+        return Error(str(exc))
+    owner = ctx.client.id
+    lock = service.locks[store.shard_of(namespace, tokens)]
+    async with lock.read():
+        # WITHDATA without a lease still needs a pin while the bytes are copied out.
+        result = store.match(namespace, tokens, lease=lease or with_data, ttl_ms=ttl_ms, owner=owner)
+    reply = {"matched": result.matched_tokens, "lease": result.lease_id if lease else 0, "blocks": result.blocks}
+    if with_data:
+        try:
+            reply["data"] = await service.copy_out(result.blocks)
+        finally:
+            if not lease and result.lease_id:
+                store.release([result.lease_id], owner)
+    return reply
+
+
+@handles("pfxset")
+async def pfxset(ctx: Any, argv: list[bytes]) -> Any:
+    service = _service(ctx)
+    store = service.store
+    try:
+        namespace = _namespace(argv[1])
+        tokens, position = parse_tokens(argv, 2, ctx.server.config["prompt-max-tokens"])
+        offset, data, blocks = 0, None, None
+        while position < len(argv):
+            option = argv[position].upper()
+            if option == b"OFFSET" and position + 1 < len(argv):
+                offset = _integer(argv[position + 1], "OFFSET", 0, len(tokens) // 4)
+                position += 2
+            elif option == b"DATA" and position + 1 < len(argv) and data is None and blocks is None:
+                data = argv[position + 1]
+                position += 2
+            elif option == b"BLOCKS" and data is None and blocks is None:
+                end = position + 1
+                while end < len(argv) and _is_decimal(argv[end]):
+                    end += 1
+                blocks = [_integer(raw, "block id", 0, UINT32_MAX) for raw in argv[position + 1 : end]]
+                position = end
+            else:
+                raise ArgumentError(f"ERR unknown or repeated option '{_show(argv[position])}' for 'pfxset'")
+        if data is None and blocks is None:
+            raise ArgumentError("ERR PFXSET needs DATA blob or BLOCKS id ...")
+        if data is not None:
+            expected = store.data_size(tokens, offset)
+            if len(data) != expected:
+                raise ArgumentError(
+                    f"ERR DATA is {len(data)} bytes, expected {expected} "
+                    f"(pages from OFFSET {offset} x block-bytes {service.arena.block_bytes})"
+                )
+    except ArgumentError as exc:
+        return Error(str(exc))
+    except StoreError as exc:
+        return _store_error(exc)
+    owner = ctx.client.id
+    lock = service.locks[store.shard_of(namespace, tokens)]
+    async with lock.write():
+        try:
+            plan = store.begin_insert(namespace, tokens, offset=offset, owner=owner, blocks=blocks)
+        except StoreError as exc:
+            return _store_error(exc)
+        committed = False
+        try:
+            if data is not None and plan.copy_needed:
+                await service.copy_in(plan.new_blocks, plan.new_data(data))
+            result = store.commit_insert(plan)
+            committed = True
+        finally:
+            if not committed:
+                store.abort_insert(plan)
+    return {"stored": result.stored, "existing": result.existing, "blocks": result.blocks}
+
+
+@handles("pfxalloc")
+def pfxalloc(ctx: Any, argv: list[bytes]) -> Any:
+    store = _service(ctx).store
+    try:
+        namespace = _namespace(argv[1])
+        count = _integer(argv[2], "the number of blocks", 1, store.max_alloc)
+        ttl_ms = None
+        if len(argv) == 5 and argv[3].upper() == b"TTL":
+            ttl_ms = _ttl(argv, 3)
+        elif len(argv) != 3:
+            raise ArgumentError("ERR syntax error, expected PFXALLOC key count [TTL ms]")
+        result = store.alloc(namespace, count, ttl_ms=ttl_ms, owner=ctx.client.id)
+    except ArgumentError as exc:
+        return Error(str(exc))
+    except StoreError as exc:
+        return _store_error(exc)
+    return {"lease": result.lease_id, "blocks": result.blocks}
+
+
+@handles("pfxrelease")
+def pfxrelease(ctx: Any, argv: list[bytes]) -> Any:
+    try:
+        leases = [_integer(raw, "lease id", 1, 2**63 - 1) for raw in argv[1:]]
+    except ArgumentError as exc:
+        return Error(str(exc))
+    return _service(ctx).store.release(leases, ctx.client.id)
+
+
+@handles("pfxevict")
+def pfxevict(ctx: Any, argv: list[bytes]) -> Any:
+    store = _service(ctx).store
+    try:
+        namespace = _namespace(argv[1])
+        mode = argv[2].upper()
+        if mode in (b"TOKENS", b"PACKED"):
+            tokens, position = parse_tokens(argv, 2, ctx.server.config["prompt-max-tokens"])
+            if position != len(argv):
+                raise ArgumentError(f"ERR unexpected argument '{_show(argv[position])}' for 'pfxevict'")
+            result = store.evict_prefix(namespace, tokens)
+        elif mode in (b"PAGES", b"BYTES") and len(argv) == 4:
+            amount = _integer(argv[3], mode.decode(), 0, 2**63 - 1)
+            result = store.evict_pages(namespace, amount) if mode == b"PAGES" else store.evict_bytes(namespace, amount)
+        elif mode == b"ALL" and len(argv) == 3:
+            result = store.evict_all(namespace)
+        else:
+            raise ArgumentError("ERR syntax error, expected PFXEVICT key (TOKENS ...|PACKED blob|PAGES n|BYTES n|ALL)")
+    except ArgumentError as exc:
+        return Error(str(exc))
+    except StoreError as exc:
+        return _store_error(exc)
+    return {"evicted": result.evicted_pages, "freed": result.freed_bytes, "pinned": result.pinned_pages}
+
+
+@handles("pfxinfo")
+def pfxinfo(ctx: Any, argv: list[bytes]) -> Any:
+    if len(argv) > 2:
+        return Error("ERR wrong number of arguments for 'pfxinfo' command")
+    service = _service(ctx)
+    return service.describe(argv[1] if len(argv) == 2 else None)

@@ -1,0 +1,149 @@
+"""The prefix store inside the daemon: arena, shard locks, leases, background work.
+
+The store core (:mod:`pfxcache.daemon.store`) is synchronous and knows nothing
+of trio. This module adds what a concurrent server needs around it.
+
+Locks and awaits — exactly which operation holds which lock across which await:
+
+* Store calls themselves never await: each runs to completion on the event
+  loop, so the store's structures are always consistent between awaits.
+* ``PFXSET ... DATA`` holds the **write lock of its shard** from
+  ``begin_insert`` (blocks allocated, the cached prefix pinned) across the
+  await that copies DATA into the arena (in a worker thread when the data is
+  large, so the loop keeps serving) until ``commit_insert``. Why: a reader of
+  the same shard then waits for the insert to land instead of missing pages a
+  moment before they exist (and recomputing them), and two writers of the same
+  prefix do not both copy the same pages. If the task is cancelled during the
+  copy, ``abort_insert`` returns every block in ``finally``.
+* ``PFXGET`` holds the **read lock of its shard** for the match only — no
+  await inside. With WITHDATA the copy out of the arena happens after the lock
+  is released, under the lease's pin (a temporary lease with NOLEASE), which is
+  what keeps those blocks from being evicted or reused meanwhile.
+* Evictions (``PFXEVICT``, allocation-triggered, the low-watermark task), lease
+  expiry and releases take no lock: they are synchronous, and they only touch
+  unpinned, fully linked leaves, never the pinned prefix or the fresh blocks of
+  an insert in flight in another shard.
+
+A writer on one shard therefore never delays readers of another shard.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import trio
+
+from .rwlock import RWLock
+from .store import PrefixStore
+from .store.arena import MemoryArena, ShmArena
+
+log = logging.getLogger("pfxcached")
+
+#: Copies at least this large go to a worker thread instead of blocking the loop.
+THREAD_COPY_THRESHOLD = 1 << 20
+
+
+class PrefixService:
+    """The daemon's prefix store: one per server."""
+
+    def __init__(self, config: Any, *, tcp_port: int) -> None:
+        self.config = config
+        block_bytes = config["block-bytes"]
+        nblocks = config["maxmemory"] // block_bytes
+        if nblocks < 1:
+            raise ValueError(
+                f"maxmemory ({config['maxmemory']} bytes) holds no block of block-bytes {block_bytes}"
+            )
+        backend = config["arena"]
+        if backend == "shm":
+            ShmArena.cleanup_stale(prefix=f"{config['arena-name']}-")
+            name = f"{config['arena-name']}-{os.getpid()}-{tcp_port}"
+            self.arena = ShmArena(block_bytes, nblocks, name=name)
+        elif backend == "memory":
+            self.arena = MemoryArena(block_bytes, nblocks)
+        else:
+            raise ValueError(f"arena '{backend}' is not available in this build")
+        self.store = PrefixStore(
+            self.arena,
+            page_size=config["page-size"],
+            shards=config["shards"],
+            policy=config["maxmemory-policy"],
+            lease_ttl_ms=config["lease-ttl"],
+        )
+        self.locks = [RWLock() for _ in range(config["shards"])]
+        config.on_change("maxmemory-policy", lambda _old, new: self.store.set_policy(new))
+        config.on_change("lease-ttl", lambda _old, new: setattr(self.store, "lease_ttl_ms", new))
+
+    def close(self) -> None:
+        """Release the arena (the shared-memory file is unlinked)."""
+        self.arena.close()
+
+    def release_owner(self, owner: int) -> None:
+        """A connection went away: end every lease it held."""
+        released = self.store.release_owner(owner)
+        if released:
+            log.debug("Released %d leases of client id=%d", released, owner)
+
+    def tick(self) -> None:
+        """Periodic work (from the server cron): expire leases, keep free blocks above the low watermark."""
+        self.store.expire()
+        low = self.arena.nblocks * self.config["evict-low-watermark"] // 100
+        if low:
+            self.store.evict_to_watermark(low)
+
+    async def copy_in(self, blocks: list[int], data: Any) -> None:
+        """Copy ``data`` into ``blocks`` of the arena, off the loop when it is large."""
+        if len(data) >= THREAD_COPY_THRESHOLD:
+            await trio.to_thread.run_sync(self.arena.write, blocks, data)
+        else:
+            self.arena.write(blocks, data)
+
+    async def copy_out(self, blocks: list[int]) -> bytes:
+        """The bytes of ``blocks``, concatenated, read off the loop when large."""
+        if len(blocks) * self.arena.block_bytes >= THREAD_COPY_THRESHOLD:
+            return await trio.to_thread.run_sync(self.arena.read, blocks)
+        return self.arena.read(blocks)
+
+    def describe(self, namespace: bytes | None = None) -> dict:
+        """The PFXINFO map: geometry, arena, policy, and global or per-namespace stats."""
+        store = self.store
+        return {
+            "page-size": store.page_size,
+            "block-bytes": self.arena.block_bytes,
+            "arena": {
+                **self.arena.describe(),
+                "blocks-total": self.arena.nblocks,
+                "blocks-free": store.stats()["blocks_free"],
+            },
+            "policy": store.policy,
+            "lease-ttl": store.lease_ttl_ms,
+            "stats": store.stats(namespace),
+        }
+
+    def info_section(self) -> list[tuple[str, object]]:
+        """The ``# Pfxcache`` INFO section, fields prefixed as a Redis module's are."""
+        stats = self.store.stats()
+        fields = [
+            ("arena", self.arena.describe().get("backend")),
+            ("arena_name", self.arena.describe().get("name", "")),
+            ("page_size", stats["page_size"]),
+            ("block_bytes", stats["block_bytes"]),
+            ("shards", stats["shards"]),
+            ("policy", stats["policy"]),
+            ("namespaces", stats["namespaces"]),
+            ("pages", stats["pages"]),
+            ("pinned_pages", stats["pinned_pages"]),
+            ("blocks_total", stats["blocks_total"]),
+            ("blocks_used", stats["blocks_used"]),
+            ("blocks_free", stats["blocks_free"]),
+            ("blocks_leased", stats["blocks_leased"]),
+            ("hits_tokens", stats["hits_tokens"]),
+            ("misses_tokens", stats["misses_tokens"]),
+            ("hit_rate", f"{stats['hit_rate']:.4f}"),
+            ("evictions", stats["evictions"]),
+            ("inserts", stats["inserts"]),
+            ("active_leases", stats["leases"]),
+        ]
+        return [(f"pfxcache_{name}", value) for name, value in fields]

@@ -1,0 +1,230 @@
+"""Block storage: a flat buffer cut into ``nblocks`` blocks of ``block_bytes``.
+
+The arena knows nothing about pages, trees or leases; the store hands out
+block ids and the daemon (or a worker process mapping the same shared memory)
+copies KV data in and out of them. Reads and writes of many blocks are one
+vectorised numpy copy over a ``(nblocks, block_bytes)`` view, never a Python
+loop per block.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from .errors import BadRequest
+
+SHM_DIR = "/dev/shm"
+
+
+class Arena:
+    """Fixed-size block storage over a writable buffer (base of the backends)."""
+
+    backend = "abstract"
+
+    def __init__(self, buffer, block_bytes: int, nblocks: int, name: str = "") -> None:
+        if block_bytes < 1 or nblocks < 1:
+            raise ValueError("an arena needs block_bytes >= 1 and nblocks >= 1")
+        self.block_bytes = block_bytes
+        self.nblocks = nblocks
+        self.name = name
+        self._buffer = buffer
+        self._mv = memoryview(buffer)
+        self._blocks = np.frombuffer(buffer, dtype=np.uint8, count=block_bytes * nblocks).reshape(nblocks, block_bytes)
+
+    @property
+    def size(self) -> int:
+        """Bytes of block storage."""
+        return self.block_bytes * self.nblocks
+
+    def _index(self, ids: Iterable[int]) -> np.ndarray:
+        idx = np.asarray(ids if isinstance(ids, (list, tuple, np.ndarray)) else list(ids), dtype=np.int64)
+        if idx.ndim != 1:
+            raise BadRequest("block ids must be a flat sequence")
+        # numpy would wrap negative ids around silently: refuse them here.
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.nblocks):
+            raise BadRequest(f"block id out of range 0..{self.nblocks - 1}")
+        return idx
+
+    def read(self, ids: Sequence[int]) -> bytes:
+        """The concatenated contents of ``ids``, in order (one fancy-indexing copy)."""
+        idx = self._index(ids)
+        return self._blocks[idx].tobytes()
+
+    def read_into(self, ids: Sequence[int], out) -> None:
+        """Copy the contents of ``ids`` into the writable buffer ``out`` (exactly len(ids) blocks)."""
+        idx = self._index(ids)
+        dest = np.frombuffer(out, dtype=np.uint8)
+        if dest.size != idx.size * self.block_bytes:
+            raise BadRequest(f"output buffer holds {dest.size} bytes, expected {idx.size * self.block_bytes}")
+        np.take(self._blocks, idx, axis=0, out=dest.reshape(idx.size, self.block_bytes))
+
+    def write(self, ids: Sequence[int], data) -> None:
+        """Store ``data`` (exactly len(ids) * block_bytes bytes) into ``ids``, in order."""
+        idx = self._index(ids)
+        src = np.frombuffer(data, dtype=np.uint8) if len(data) else np.empty(0, np.uint8)
+        if src.size != idx.size * self.block_bytes:
+            raise BadRequest(f"data is {src.size} bytes, expected {idx.size} blocks x {self.block_bytes} bytes")
+        if idx.size:
+            self._blocks[idx] = src.reshape(idx.size, self.block_bytes)
+
+    def view(self, block_id: int) -> memoryview:
+        """A writable zero-copy view of one block (release it before close())."""
+        if not 0 <= block_id < self.nblocks:
+            raise BadRequest(f"block id {block_id} out of range 0..{self.nblocks - 1}")
+        start = block_id * self.block_bytes
+        return self._mv[start : start + self.block_bytes]
+
+    def describe(self) -> dict:
+        """Backend, name and size, for INFO and for workers that map the arena."""
+        return {
+            "backend": self.backend,
+            "name": self.name,
+            "size": self.size,
+            "block_bytes": self.block_bytes,
+            "nblocks": self.nblocks,
+        }
+
+    def _drop_views(self) -> None:
+        self._blocks = None
+        if self._mv is not None:
+            try:
+                self._mv.release()
+            except BufferError:  # something still exports it; it goes when collected
+                pass
+            self._mv = None
+
+    def close(self) -> None:
+        """Release the storage; the arena is unusable afterwards."""
+        self._drop_views()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class MemoryArena(Arena):
+    """Anonymous private memory (tests, in-process benchmarks)."""
+
+    backend = "memory"
+
+    def __init__(self, block_bytes: int, nblocks: int) -> None:
+        # An anonymous mapping is zero-filled lazily by the kernel: large arenas cost nothing until used.
+        super().__init__(mmap.mmap(-1, block_bytes * nblocks), block_bytes, nblocks, name="")
+
+    def close(self) -> None:
+        if self._buffer is None:
+            return
+        self._drop_views()
+        try:
+            self._buffer.close()
+        except BufferError:  # a caller still holds a view(); the mapping goes when it is collected
+            pass
+        self._buffer = None
+
+
+class ShmArena(Arena):
+    """POSIX shared memory ``/dev/shm/<name>`` that worker processes map by name.
+
+    Implemented with os.open + mmap rather than multiprocessing.shared_memory,
+    whose resource tracker unlinks segments behind our back when any process
+    that attached to them exits.
+    """
+
+    backend = "shm"
+
+    def __init__(self, block_bytes: int, nblocks: int, *, name: str | None = None, port: int = 0,
+                 create: bool = True, directory: str = SHM_DIR) -> None:
+        name = name or self.default_name(port)
+        if "/" in name or name in (".", ".."):
+            raise ValueError(f"bad shared memory name {name!r}")
+        self.path = os.path.join(directory, name)
+        self._owner = create
+        size = block_bytes * nblocks
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(self.path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            elif os.fstat(fd).st_size < size:
+                raise ValueError(f"{self.path} is smaller than {size} bytes")
+            mapping = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            if create:
+                os.unlink(self.path)
+            raise
+        os.close(fd)  # the mapping keeps the memory; the descriptor is not needed
+        super().__init__(mapping, block_bytes, nblocks, name=name)
+
+    @classmethod
+    def attach(cls, name: str, block_bytes: int, *, directory: str = SHM_DIR) -> ShmArena:
+        """Map an existing arena created by another process (close() will not unlink it)."""
+        size = os.stat(os.path.join(directory, name)).st_size
+        return cls(block_bytes, size // block_bytes, name=name, create=False, directory=directory)
+
+    @staticmethod
+    def default_name(port: int) -> str:
+        """``pfxcache-<pid>-<port>``: the pid lets cleanup_stale() find leftovers of dead daemons."""
+        return f"pfxcache-{os.getpid()}-{port}"
+
+    def describe(self) -> dict:
+        info = super().describe()
+        info["path"] = self.path
+        return info
+
+    def close(self) -> None:
+        """Unmap, and unlink the file when this process created it."""
+        if self._buffer is None:
+            return
+        self._drop_views()
+        try:
+            self._buffer.close()
+        except BufferError:  # outstanding view(): unmapped when collected, the file goes now anyway
+            pass
+        self._buffer = None
+        if self._owner:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    @staticmethod
+    def cleanup_stale(prefix: str = "pfxcache-", directory: str = SHM_DIR) -> list[str]:
+        """Remove ``<prefix><pid>-*`` files of processes that no longer exist; returns their names."""
+        removed = []
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return removed
+        for name in names:
+            if not name.startswith(prefix):
+                continue
+            pid_text = name[len(prefix):].split("-", 1)[0]
+            if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+                continue
+            try:
+                os.unlink(os.path.join(directory, name))
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+        return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True

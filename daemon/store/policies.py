@@ -1,0 +1,220 @@
+"""Eviction policies and the index of eviction candidates.
+
+Candidates are the unpinned leaves of every tree. The radix tree tells the
+index whenever a node enters or leaves that set (or, by leaving and entering
+again, when its priority changes), so picking the next victim never walks the
+tree: it costs O(log n) for LRU/LFU and O(buckets + log n) for hybrid.
+
+Heaps use lazy deletion: every entry records the node's ``version`` when it was
+pushed; any change bumps the version, so stale entries are recognised and
+skipped when they reach the top, and the heap is compacted when they dominate.
+
+A policy instance exists globally (for evictions on allocation and the
+watermark) and per scope (namespace), for EVICT commands on one namespace.
+Policies are looked up in ``POLICIES``; nothing else branches on their names.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+_COMPACT_SLACK = 64
+HYBRID_BUCKETS = 33  # freq.bit_length() of 0 .. 2**32-1, capped
+
+
+class HeapPolicy:
+    """Base of policies whose priority is time-invariant: one lazy heap, smallest key evicted first."""
+
+    name = "abstract"
+
+    def __init__(self) -> None:
+        self._heap: list[tuple] = []
+        self._seq = itertools.count()  # unique tie-breaker: nodes themselves are never compared
+        self.live = 0
+
+    @staticmethod
+    def key(node) -> tuple:
+        raise NotImplementedError
+
+    def push(self, node) -> None:
+        """Index an evictable node (its version was just bumped)."""
+        heapq.heappush(self._heap, (*self.key(node), next(self._seq), node.version, node))
+        self.live += 1
+
+    def drop(self) -> None:
+        """One indexed node left the candidate set (its version was bumped, so its entry is stale)."""
+        self.live -= 1
+        if len(self._heap) > 2 * self.live + _COMPACT_SLACK:
+            self._heap = [e for e in self._heap if e[-2] == e[-1].version]
+            heapq.heapify(self._heap)
+
+    def peek(self, now: float):
+        """The node to evict next, or None; the node stays indexed."""
+        heap = self._heap
+        while heap:
+            entry = heap[0]
+            if entry[-2] == entry[-1].version:
+                return entry[-1]
+            heapq.heappop(heap)
+        return None
+
+    def nodes(self) -> list:
+        """The indexed (valid) nodes, for consistency checks."""
+        return [e[-1] for e in self._heap if e[-2] == e[-1].version]
+
+
+class LRUPolicy(HeapPolicy):
+    """Least recently used first."""
+
+    name = "lru"
+
+    @staticmethod
+    def key(node) -> tuple:
+        return (node.last_access,)
+
+
+class LFUPolicy(HeapPolicy):
+    """Least frequently hit first; the older of equally frequent nodes first."""
+
+    name = "lfu"
+
+    @staticmethod
+    def key(node) -> tuple:
+        return (node.freq, node.last_access)
+
+
+def _bucket(freq: int) -> int:
+    return min(freq.bit_length(), HYBRID_BUCKETS - 1)
+
+
+class HybridPolicy:
+    """Evict the highest age / (freq + 1) (the seed article's score).
+
+    The order between two nodes changes as time passes, so no single heap can
+    hold it. Nodes are bucketed by log2 of their frequency; inside a bucket
+    frequencies differ by less than 2x, so the oldest node is (within that
+    factor) the best there. A victim is the bucket head with the highest
+    score, computed with the head's own frequency.
+    """
+
+    name = "hybrid"
+
+    def __init__(self) -> None:
+        self._buckets: list[list[tuple]] = [[] for _ in range(HYBRID_BUCKETS)]
+        self._seq = itertools.count()
+        self.live = 0
+        self._entries = 0
+
+    def push(self, node) -> None:
+        heapq.heappush(self._buckets[_bucket(node.freq)], (node.last_access, next(self._seq), node.version, node))
+        self.live += 1
+        self._entries += 1
+
+    def drop(self) -> None:
+        self.live -= 1
+        if self._entries > 2 * self.live + _COMPACT_SLACK:
+            self._entries = 0
+            for i, heap in enumerate(self._buckets):
+                kept = [e for e in heap if e[-2] == e[-1].version]
+                heapq.heapify(kept)
+                self._buckets[i] = kept
+                self._entries += len(kept)
+
+    def peek(self, now: float):
+        best = None
+        best_score = -1.0
+        for heap in self._buckets:
+            while heap and heap[0][-2] != heap[0][-1].version:
+                heapq.heappop(heap)
+                self._entries -= 1
+            if heap:
+                last_access, _, _, node = heap[0]
+                score = (now - last_access) / (node.freq + 1)
+                if score > best_score:  # strict: on ties the lower-frequency bucket goes first
+                    best, best_score = node, score
+        return best
+
+    def nodes(self) -> list:
+        return [e[-1] for heap in self._buckets for e in heap if e[-2] == e[-1].version]
+
+
+POLICIES = {cls.name: cls for cls in (LRUPolicy, LFUPolicy, HybridPolicy)}
+
+
+class EvictionIndex:
+    """The unpinned leaves, indexed by the current policy globally and per scope.
+
+    The radix tree calls ``add``/``remove``; ``node.evictable`` mirrors
+    membership. One version counter per node invalidates its entries in both
+    the global and the scope structure at once.
+    """
+
+    def __init__(self, policy: str) -> None:
+        self.factory = POLICIES[policy]
+        self.all = self.factory()
+        self.scopes: dict[bytes, object] = {}
+
+    @property
+    def policy(self) -> str:
+        return self.factory.name
+
+    def _scoped(self, scope: bytes):
+        index = self.scopes.get(scope)
+        if index is None:
+            index = self.scopes[scope] = self.factory()
+        return index
+
+    def add(self, node) -> None:
+        """``node`` became an unpinned leaf (or its priority changed after remove())."""
+        node.version += 1
+        node.evictable = True
+        self.all.push(node)
+        self._scoped(node.tree.scope).push(node)
+
+    def remove(self, node) -> None:
+        """``node`` is no longer an unpinned leaf (pinned, got a child, left the tree, or is being touched)."""
+        node.version += 1
+        node.evictable = False
+        self.all.drop()
+        self.scopes[node.tree.scope].drop()
+
+    def best(self, now: float, scope: bytes | None = None):
+        """The next victim, globally or within one scope; None when nothing is evictable."""
+        if scope is None:
+            return self.all.peek(now)
+        index = self.scopes.get(scope)
+        return index.peek(now) if index is not None else None
+
+    def rebuild(self, policy: str, nodes) -> None:
+        """Switch policy: index ``nodes`` (every current candidate) afresh, O(n log n) once."""
+        self.factory = POLICIES[policy]
+        self.all = self.factory()
+        self.scopes = {}
+        for node in nodes:
+            self.add(node)
+
+    def check(self, expected: set) -> list[str]:
+        """Compare the indexed nodes with the set of unpinned leaves computed from the trees."""
+        problems = []
+        indexed = self.all.nodes()
+        if len(indexed) != len(set(map(id, indexed))):
+            problems.append("a node has two valid entries in the global index")
+        if {id(n) for n in indexed} != {id(n) for n in expected}:
+            problems.append(f"global index holds {len(indexed)} candidates, trees have {len(expected)} unpinned leaves")
+        if self.all.live != len(expected):
+            problems.append(f"global index live count {self.all.live} != {len(expected)}")
+        by_scope: dict[bytes, set] = {}
+        for node in expected:
+            by_scope.setdefault(node.tree.scope, set()).add(id(node))
+            if not node.evictable:
+                problems.append("an unpinned leaf is not flagged evictable")
+        for scope, index in self.scopes.items():
+            got = {id(n) for n in index.nodes()}
+            want = by_scope.get(scope, set())
+            if got != want or index.live != len(want):
+                problems.append(f"scope {scope!r} index holds {len(got)} (live {index.live}), expected {len(want)}")
+        for scope in by_scope:
+            if scope not in self.scopes:
+                problems.append(f"scope {scope!r} has candidates but no index")
+        return problems

@@ -1,0 +1,320 @@
+"""The radix tree of one (namespace, shard): cached pages of token sequences.
+
+Tokens are packed little-endian uint32 bytes; a page is ``page_bytes`` of them
+and only whole pages are cached. Every edge holds a run of whole pages (its
+``key``) and one arena block id per page (``blocks``). Children are found by
+the bytes of their first page, so a lookup costs one dict probe and one
+C-level bytes comparison per edge: match cost grows with the prompt, never
+with the number of cached pages.
+
+Pins (``lock_ref``) walk to the root as in SGLang: a node is pinned while it
+or any descendant is leased, so the unpinned nodes are exactly whole subtrees
+and every unpinned page can be evicted leaf first.
+
+The tree keeps its ``index`` (policies.EvictionIndex) informed of every node
+that enters or leaves the set of unpinned leaves; it never decides what to
+evict itself.
+"""
+
+from __future__ import annotations
+
+
+class Totals:
+    """Page counters shared by all trees (the store's global view)."""
+
+    __slots__ = ("pages", "unpinned")
+
+    def __init__(self) -> None:
+        self.pages = 0  # cached pages (= blocks in state TREE)
+        self.unpinned = 0  # pages of nodes with lock_ref == 0: all evictable, leaf first
+
+
+class Node:
+    """An edge of the tree and the node below it (the root has an empty key)."""
+
+    __slots__ = (
+        "blocks",
+        "children",
+        "evictable",
+        "freq",
+        "key",
+        "last_access",
+        "lock_ref",
+        "parent",
+        "tree",
+        "version",
+    )
+
+    def __init__(self, tree: RadixTree, parent: Node | None, key: bytes, blocks: list[int], now: float) -> None:
+        self.tree = tree
+        self.parent = parent
+        self.key = key  # whole pages of packed tokens
+        self.blocks = blocks  # one arena block per page of key
+        self.children: dict[bytes, Node] = {}  # first page of the child's key -> child
+        self.lock_ref = 0  # leases/plans pinning this node or a descendant
+        self.last_access = now
+        self.freq = 0  # hits (matches through this node)
+        self.version = 0  # bumped on every change of eviction-index membership or priority
+        self.evictable = False  # mirrors membership in the eviction index
+
+    @property
+    def pages(self) -> int:
+        return len(self.blocks)
+
+    def __repr__(self) -> str:
+        return f"Node(pages={len(self.blocks)}, children={len(self.children)}, lock_ref={self.lock_ref})"
+
+
+class RadixTree:
+    """One tree; ``scope`` is the namespace it belongs to, ``shard`` its shard number."""
+
+    def __init__(self, page_bytes: int, index, totals: Totals, scope: bytes = b"", shard: int = 0) -> None:
+        self.page_bytes = page_bytes
+        self.index = index
+        self.totals = totals
+        self.scope = scope
+        self.shard = shard
+        self.root = Node(self, None, b"", [], 0.0)
+        self.pages = 0
+        self.unpinned = 0
+        self.nodes = 0  # excluding the root
+
+    def _count(self, pages: int, unpinned: int) -> None:
+        self.pages += pages
+        self.unpinned += unpinned
+        self.totals.pages += pages
+        self.totals.unpinned += unpinned
+
+    # -- lookup -----------------------------------------------------------------------------
+
+    def walk(self, tokens: bytes, npages: int, node: Node | None = None, pages: int = 0
+             ) -> tuple[Node, int, Node | None, int]:
+        """Longest cached prefix of the first ``npages`` pages, without changing anything.
+
+        Starts at the root, or at ``node`` whose path covers the first ``pages`` pages.
+        Returns ``(node, pages, child, extra)``: the path to ``node`` covers
+        ``pages`` pages; ``child`` (or None) matches ``extra`` more pages of
+        its edge, 0 < extra < child.pages.
+        """
+        P = self.page_bytes
+        end = npages * P
+        if node is None:
+            node, pages = self.root, 0
+        pos = pages * P
+        children_get = node.children.get
+        while pos < end:
+            child = children_get(tokens[pos : pos + P])
+            if child is None:
+                break
+            key = child.key
+            if tokens.startswith(key, pos, end):  # whole edge: one memcmp
+                pos += len(key)
+                pages += len(child.blocks)
+                node = child
+                children_get = node.children.get
+                continue
+            # Partial edge: binary search the matching pages (first page matched via the dict).
+            kv = memoryview(key)
+            lo, hi = 1, min(len(key), end - pos) // P
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if tokens.startswith(kv[: mid * P], pos):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return node, pages, child, lo
+        return node, pages, None, 0
+
+    def split(self, child: Node, m: int) -> Node:
+        """Cut ``child``'s edge after ``m`` pages; returns the new upper node (the cut is semantic no-op)."""
+        P = self.page_bytes
+        cut = m * P
+        parent = child.parent
+        top = Node(self, parent, child.key[:cut], child.blocks[:m], child.last_access)
+        top.freq = child.freq
+        top.lock_ref = child.lock_ref  # every pin through child also passes through top
+        parent.children[top.key[:P]] = top
+        child.key = child.key[cut:]
+        child.blocks = child.blocks[m:]
+        child.parent = top
+        top.children[child.key[:P]] = child
+        self.nodes += 1
+        # child keeps its evictability and priority (same last_access/freq): its index entries stay valid.
+        return top
+
+    def locate(self, tokens: bytes, npages: int) -> tuple[Node, int]:
+        """Like walk(), but split a partially matched edge so the match ends exactly at a node."""
+        node, pages, child, extra = self.walk(tokens, npages)
+        if child is not None:
+            node = self.split(child, extra)
+            pages += extra
+        return node, pages
+
+    @staticmethod
+    def path_blocks(node: Node) -> list[int]:
+        """Block ids of every page from the root down to the end of ``node``."""
+        parts = []
+        while node.parent is not None:
+            parts.append(node.blocks)
+            node = node.parent
+        out = []
+        for blocks in reversed(parts):
+            out.extend(blocks)
+        return out
+
+    @staticmethod
+    def depth_pages(node: Node) -> int:
+        """Pages from the root to the end of ``node``."""
+        n = 0
+        while node.parent is not None:
+            n += len(node.blocks)
+            node = node.parent
+        return n
+
+    # -- access statistics and pins -----------------------------------------------------------
+
+    def touch(self, node: Node, now: float, hit: bool) -> None:
+        """Record an access of the path ending at ``node`` (a hit also counts frequency)."""
+        index = self.index
+        while node.parent is not None:
+            if node.evictable:  # its priority changes: leave and re-enter the index
+                index.remove(node)
+                node.last_access = now
+                node.freq += hit
+                index.add(node)
+            else:
+                node.last_access = now
+                node.freq += hit
+            node = node.parent
+
+    def pin(self, node: Node) -> None:
+        """inc_lock_ref: pin ``node`` and its ancestors."""
+        index = self.index
+        while node.parent is not None:
+            if node.lock_ref == 0:
+                self._count(0, -len(node.blocks))
+                if node.evictable:
+                    index.remove(node)
+            node.lock_ref += 1
+            node = node.parent
+
+    def unpin(self, node: Node) -> None:
+        """dec_lock_ref: undo one pin(); nodes dropping to zero become evictable again."""
+        index = self.index
+        while node.parent is not None:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._count(0, len(node.blocks))
+                if not node.children:
+                    index.add(node)
+            node = node.parent
+
+    # -- growth and eviction ------------------------------------------------------------------
+
+    def add_leaf(self, parent: Node, key: bytes, blocks: list[int], now: float) -> Node:
+        """Hang a new unpinned leaf of whole pages below ``parent`` (no child there starts with key's first page)."""
+        node = Node(self, parent, key, blocks, now)
+        if parent.evictable:
+            self.index.remove(parent)
+        parent.children[key[: self.page_bytes]] = node
+        self.nodes += 1
+        self._count(len(blocks), len(blocks))
+        self.index.add(node)
+        return node
+
+    def trim(self, node: Node, k: int) -> list[int]:
+        """Evict the last ``k`` pages of an unpinned leaf; returns their blocks (the caller frees them).
+
+        Removing a whole leaf may turn its parent into an unpinned leaf.
+        """
+        n = len(node.blocks)
+        if k < n:
+            freed = node.blocks[n - k :]
+            del node.blocks[n - k :]
+            node.key = node.key[: (n - k) * self.page_bytes]
+            self._count(-k, -k)
+            return freed  # same priority, still a leaf: its index entries stay valid
+        freed = node.blocks
+        self.index.remove(node)
+        parent = node.parent
+        del parent.children[node.key[: self.page_bytes]]
+        node.parent = None
+        node.blocks = []
+        self.nodes -= 1
+        self._count(-n, -n)
+        if parent.parent is not None and not parent.children and parent.lock_ref == 0:
+            self.index.add(parent)
+        return freed
+
+    @staticmethod
+    def subtree(top: Node) -> list[Node]:
+        """``top`` and its descendants, every node after all of its descendants (iterative)."""
+        out = []
+        stack = [top]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        out.reverse()
+        return out
+
+    def drop_subtree(self, top: Node) -> tuple[list[int], int]:
+        """Evict every unpinned page of ``top``'s subtree (leaf first); returns (freed blocks, pinned pages kept)."""
+        freed: list[int] = []
+        pinned = 0
+        for node in self.subtree(top):
+            if node.parent is None:
+                continue  # the root holds no pages
+            if node.lock_ref == 0:
+                freed.extend(self.trim(node, len(node.blocks)))  # its children are gone already
+            else:
+                pinned += len(node.blocks)
+        return freed, pinned
+
+    # -- invariants -----------------------------------------------------------------------------
+
+    def check(self, direct_pins: dict[int, int]) -> tuple[list[str], list[Node]]:
+        """Structural violations, given the pins each node receives directly (id(node) -> count).
+
+        Returns (problems, nodes) where nodes are all non-root nodes.
+        """
+        P = self.page_bytes
+        problems: list[str] = []
+        nodes = [n for n in self.subtree(self.root) if n.parent is not None]
+        pins_below: dict[int, int] = {}
+        pages = unpinned = 0
+        for node in nodes:  # descendants first: pins_below of children are complete
+            where = f"tree {self.scope!r}/{self.shard} node {node!r}"
+            if node.tree is not self:
+                problems.append(f"{where}: belongs to another tree")
+            if not node.key or len(node.key) % P:
+                problems.append(f"{where}: key of {len(node.key)} bytes is not whole pages")
+            if len(node.key) // P != len(node.blocks):
+                problems.append(f"{where}: {len(node.key) // P} pages but {len(node.blocks)} blocks")
+            if node.parent.children.get(node.key[:P]) is not node:
+                problems.append(f"{where}: parent does not list it under its first page")
+            for first, child in node.children.items():
+                if child.parent is not node or child.key[:P] != first:
+                    problems.append(f"{where}: child entry inconsistent")
+            pins = direct_pins.get(id(node), 0) + sum(pins_below.get(id(c), 0) for c in node.children.values())
+            pins_below[id(node)] = pins
+            if node.lock_ref != pins:
+                problems.append(f"{where}: lock_ref {node.lock_ref} but {pins} pins at or below")
+            if node.freq < 0:
+                problems.append(f"{where}: negative frequency")
+            pages += len(node.blocks)
+            if node.lock_ref == 0:
+                unpinned += len(node.blocks)
+            if node.evictable != (node.lock_ref == 0 and not node.children):
+                problems.append(f"{where}: evictable flag {node.evictable} wrong")
+        if self.root.key or self.root.blocks or self.root.parent is not None or self.root.lock_ref:
+            problems.append(f"tree {self.scope!r}/{self.shard}: malformed root")
+        for first, child in self.root.children.items():
+            if child.parent is not self.root or child.key[:P] != first:
+                problems.append(f"tree {self.scope!r}/{self.shard}: root child entry inconsistent")
+        if direct_pins.get(id(self.root)):
+            problems.append(f"tree {self.scope!r}/{self.shard}: the root is pinned directly")
+        if (pages, unpinned, len(nodes)) != (self.pages, self.unpinned, self.nodes):
+            problems.append(f"tree {self.scope!r}/{self.shard}: counters pages/unpinned/nodes "
+                            f"{self.pages}/{self.unpinned}/{self.nodes} != {pages}/{unpinned}/{len(nodes)}")
+        return problems, nodes

@@ -1,0 +1,787 @@
+"""PrefixStore: the facade the daemon maps RESP commands onto.
+
+Plain synchronous data structures: the store is NOT thread safe and every
+method must be called from one thread (the daemon's event loop). Only the
+arena's bytes may be touched from other threads or processes, and only those
+of blocks pinned for the toucher (an insert plan's new blocks, a lease's
+blocks).
+
+Shards: a namespace has one radix tree per shard; the shard of a sequence is
+a stable hash of (namespace, first page), so a sequence and all its prefixes
+live in one tree. ``shard_of`` tells the daemon which reader-writer lock to
+take; the store itself has no locks.
+
+Every method validates its arguments before changing anything: when it raises
+a StoreError, the store is as it was (splitting an edge in two is the only
+change a refused call may leave behind, and it changes no content).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+import zlib
+from array import array
+from typing import NamedTuple
+
+from .allocator import FREE, LEASED, STATE_NAMES, TREE, BlockAllocator
+from .errors import BadRequest, NoPrefix, OutOfMemory
+from .leases import ALLOC, READ, Lease, LeaseTable
+from .policies import POLICIES, EvictionIndex
+from .radix import Node, RadixTree, Totals
+
+TOKEN_BYTES = 4
+
+
+class MatchResult(NamedTuple):
+    matched_tokens: int
+    lease_id: int  # 0: no lease (not asked for, or nothing matched)
+    blocks: list[int]  # one block id per matched page, in order
+
+
+class InsertResult(NamedTuple):
+    stored: int  # pages newly cached by this insert
+    existing: int  # pages from the offset on that were cached already (their data was not used)
+    blocks: list[int]  # block ids of every page of the sequence, in order
+
+
+class AllocResult(NamedTuple):
+    lease_id: int
+    blocks: list[int]
+
+
+class EvictResult(NamedTuple):
+    evicted: int  # pages evicted
+    freed_bytes: int
+    pinned: int  # pages in scope that were kept because a lease pins them
+
+
+class _Namespace:
+    """Per-namespace trees and counters."""
+
+    __slots__ = ("evictions", "hits", "inserts", "leases", "misses", "name", "stored", "trees")
+
+    def __init__(self, name: bytes) -> None:
+        self.name = name
+        self.trees: dict[int, RadixTree] = {}  # shard -> tree, created on first insert
+        self.hits = 0  # tokens
+        self.misses = 0  # tokens
+        self.evictions = 0  # pages
+        self.inserts = 0  # committed inserts
+        self.stored = 0  # pages stored by inserts
+        self.leases = 0  # active leases
+
+
+class InsertPlan:
+    """An insert between begin_insert and commit_insert/abort_insert.
+
+    The daemon copies the data of the new pages into ``new_blocks`` (in DATA
+    mode: ``arena.write(plan.new_blocks, plan.new_data(data))``), possibly in a
+    worker thread: those blocks belong to the plan alone until it ends. The
+    cached prefix is pinned meanwhile.
+    """
+
+    __slots__ = (
+        "_block_bytes",
+        "done",
+        "dup_blocks",
+        "id",
+        "new_blocks",
+        "node",
+        "npages",
+        "ns",
+        "offset_pages",
+        "owner",
+        "shard",
+        "sources",
+        "start",
+        "tokens",
+        "tree",
+    )
+
+    def __init__(self, plan_id, ns, shard, owner, tree, node, tokens, npages, offset_pages, start, block_bytes):
+        self.id = plan_id
+        self.ns = ns
+        self.shard = shard
+        self.owner = owner
+        self.tree = tree
+        self.node = node  # pinned: the cached prefix ends exactly at this node
+        self.tokens = tokens
+        self.npages = npages
+        self.offset_pages = offset_pages
+        self.start = start  # first page not cached at begin time
+        self.new_blocks: list[int] = []  # blocks for pages start..npages-1 (state LEASED)
+        self.dup_blocks: list[int] = []  # BLOCKS mode: given blocks of pages already cached
+        self.sources: list[int] | None = None  # BLOCKS mode: lease id of each given block, for abort
+        self.done = False
+        self._block_bytes = block_bytes
+
+    @property
+    def copy_needed(self) -> bool:
+        """False in BLOCKS mode: the writer already filled its blocks."""
+        return self.sources is None and bool(self.new_blocks)
+
+    @property
+    def new_pages(self) -> range:
+        """Indices, counted from the offset, of the pages whose data goes into new_blocks."""
+        return range(self.start - self.offset_pages, self.npages - self.offset_pages)
+
+    @property
+    def existing(self) -> int:
+        """Pages from the offset that were cached already at begin time."""
+        return self.start - self.offset_pages
+
+    def new_data(self, data) -> memoryview:
+        """The slice of DATA (all pages from the offset) that belongs to the new pages."""
+        bb = self._block_bytes
+        return memoryview(data)[(self.start - self.offset_pages) * bb : (self.npages - self.offset_pages) * bb]
+
+
+class PrefixStore:
+    """Longest-prefix KV-cache store over an arena of blocks; see the module docstring."""
+
+    def __init__(self, arena, *, page_size: int = 16, shards: int = 16, policy: str = "hybrid",
+                 lease_ttl_ms: int = 30000, clock=time.monotonic, max_alloc: int | None = None) -> None:
+        if not isinstance(page_size, int) or page_size < 1:
+            raise BadRequest("page_size must be a positive integer")
+        if not isinstance(shards, int) or shards < 1:
+            raise BadRequest("shards must be a positive integer")
+        if policy not in POLICIES:
+            raise BadRequest(f"unknown eviction policy {policy!r} (known: {', '.join(POLICIES)})")
+        if not isinstance(lease_ttl_ms, int) or lease_ttl_ms < 0:
+            raise BadRequest("lease_ttl_ms must be an integer >= 0")
+        self.arena = arena
+        self.page_size = page_size
+        self.page_bytes = page_size * TOKEN_BYTES
+        self.block_bytes = arena.block_bytes
+        self.nblocks = arena.nblocks
+        self.shards = shards
+        self.lease_ttl_ms = lease_ttl_ms
+        self.max_alloc = max_alloc if max_alloc is not None else arena.nblocks
+        self._clock = clock
+        self._alloc = BlockAllocator(arena.nblocks)
+        self._index = EvictionIndex(policy)
+        self._totals = Totals()
+        self._ns: dict[bytes, _Namespace] = {}
+        self._leases = LeaseTable()
+        self._leased_by: dict[int, int] = {}  # block -> id of the ALLOC lease holding it
+        self._plans: dict[int, InsertPlan] = {}
+        self._plan_ids = itertools.count(1)
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.inserts = 0
+        self.stored = 0
+
+    # -- argument handling ----------------------------------------------------------------------
+
+    @staticmethod
+    def _name(ns) -> bytes:
+        if isinstance(ns, bytes):
+            return ns
+        if isinstance(ns, (bytearray, memoryview)):
+            return bytes(ns)
+        raise BadRequest("the namespace must be bytes")
+
+    @staticmethod
+    def _tokens(tokens) -> bytes:
+        if isinstance(tokens, bytes):
+            data = tokens
+        elif isinstance(tokens, array):
+            if tokens.itemsize != TOKEN_BYTES:
+                raise BadRequest("token arrays must hold 4-byte unsigned ints")
+            data = tokens.tobytes()
+        elif isinstance(tokens, (bytearray, memoryview)):
+            data = bytes(tokens)
+        else:
+            raise BadRequest("tokens must be packed little-endian uint32 bytes")
+        if len(data) % TOKEN_BYTES:
+            raise BadRequest(f"token data of {len(data)} bytes is not a whole number of uint32 tokens")
+        return data
+
+    @staticmethod
+    def _int(value, what: str, lo: int, hi: int | None = None) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < lo or (hi is not None and value > hi):
+            bound = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
+            raise BadRequest(f"{what} must be an integer {bound}, got {value!r}")
+        return value
+
+    def _deadline(self, ttl_ms) -> float:
+        ttl = self.lease_ttl_ms if ttl_ms is None else self._int(ttl_ms, "the lease TTL (ms)", 0)
+        return math.inf if ttl == 0 else self._clock() + ttl / 1000.0
+
+    def _pages_from(self, tokens: bytes, offset) -> tuple[int, int]:
+        npages = len(tokens) // self.page_bytes
+        offset = self._int(offset, "the offset", 0)
+        if offset % self.page_size:
+            raise BadRequest(f"offset {offset} is not a multiple of the page size {self.page_size}")
+        if offset > npages * self.page_size:
+            raise BadRequest(f"offset {offset} is beyond the {npages * self.page_size} tokens of whole pages")
+        return npages, offset // self.page_size
+
+    # -- small helpers --------------------------------------------------------------------------
+
+    def shard_of(self, ns, tokens) -> int:
+        """The shard holding ``tokens`` in ``ns``: stable hash of (namespace, first page) mod shards."""
+        return self._shard(self._name(ns), self._tokens(tokens))
+
+    def _shard(self, name: bytes, tokens: bytes) -> int:
+        if self.shards == 1:
+            return 0
+        return zlib.crc32(tokens[: self.page_bytes], zlib.crc32(name)) % self.shards
+
+    def data_size(self, tokens, offset: int = 0) -> int:
+        """Bytes of DATA an insert of ``tokens`` from ``offset`` must carry (whole pages x block_bytes)."""
+        npages, off = self._pages_from(self._tokens(tokens), offset)
+        return (npages - off) * self.block_bytes
+
+    def _tree(self, rec: _Namespace, shard: int) -> RadixTree:
+        tree = rec.trees.get(shard)
+        if tree is None:
+            tree = rec.trees[shard] = RadixTree(self.page_bytes, self._index, self._totals, rec.name, shard)
+        return tree
+
+    def _namespace(self, name: bytes) -> _Namespace:
+        rec = self._ns.get(name)
+        if rec is None:
+            rec = self._ns[name] = _Namespace(name)
+        return rec
+
+    def _fits(self, n: int, pin_cost: int = 0) -> bool:
+        return self._alloc.free_count + self._totals.unpinned - pin_cost >= n
+
+    def _oom(self, n: int) -> OutOfMemory:
+        t = self._totals
+        return OutOfMemory(f"cannot allocate {n} blocks: {self._alloc.free_count} free, {t.unpinned} evictable, "
+                           f"{t.pages - t.unpinned} cached pages pinned, {self._alloc.count(LEASED)} leased")
+
+    @staticmethod
+    def _pin_cost(node: Node, child: Node | None, extra: int) -> int:
+        """Unpinned pages that pinning this match would take away from the evictable pool."""
+        cost = extra if child is not None and child.lock_ref == 0 else 0
+        while node.parent is not None and node.lock_ref == 0:  # pinned nodes have pinned ancestors
+            cost += len(node.blocks)
+            node = node.parent
+        return cost
+
+    def _reserve(self, n: int) -> list[int]:
+        """Evict just enough, then take n blocks into state LEASED (the caller checked _fits)."""
+        short = n - self._alloc.free_count
+        if short > 0:
+            self._evict(short, None)
+        return self._alloc.take(n, LEASED)
+
+    def _evict(self, n: int, scope: bytes | None) -> int:
+        """Evict up to n pages chosen by the policy (globally or in one namespace); O(k log n)."""
+        now = self._clock()
+        index = self._index
+        evicted = 0
+        while evicted < n:
+            node = index.best(now, scope)
+            if node is None:
+                break
+            # Trailing pages of one leaf in one go: the node keeps its priority while it shrinks,
+            # so this is the same as evicting them one page at a time.
+            k = min(n - evicted, len(node.blocks))
+            tree = node.tree
+            self._alloc.release(tree.trim(node, k))
+            self._ns[tree.scope].evictions += k
+            evicted += k
+        self.evictions += evicted
+        return evicted
+
+    def _drop(self, tree: RadixTree, top: Node) -> tuple[int, int]:
+        freed, pinned = tree.drop_subtree(top)
+        self._alloc.release(freed)
+        self._ns[tree.scope].evictions += len(freed)
+        self.evictions += len(freed)
+        return len(freed), pinned
+
+    def _result(self, evicted: int, pinned: int) -> EvictResult:
+        return EvictResult(evicted, evicted * self.block_bytes, pinned)
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def match(self, ns, tokens, *, lease: bool = True, ttl_ms: int | None = None, owner: int = 0) -> MatchResult:
+        """Longest cached whole-page prefix of ``tokens`` in ``ns``.
+
+        Counts hits/misses in tokens, touches the matched path (time and
+        frequency), and with ``lease`` pins it under a READ lease of ``owner``.
+        Cost: O(len(tokens)) bytes compared at C speed, O(path nodes) Python steps.
+        """
+        name = self._name(ns)
+        tokens = self._tokens(tokens)
+        deadline = self._deadline(ttl_ms) if lease else math.inf
+        npages = len(tokens) // self.page_bytes
+        rec = self._namespace(name)
+        pages = 0
+        blocks: list[int] = []
+        lease_id = 0
+        tree = rec.trees.get(self._shard(name, tokens)) if npages else None
+        if tree is not None:
+            node, pages = tree.locate(tokens, npages)  # split so a pin covers exactly the match
+            if pages:
+                tree.touch(node, self._clock(), hit=True)
+                blocks = tree.path_blocks(node)
+                if lease:
+                    tree.pin(node)
+                    lease_id = self._leases.new(owner, READ, name, deadline, node, list(blocks)).id
+                    rec.leases += 1
+        matched = pages * self.page_size
+        missed = len(tokens) // TOKEN_BYTES - matched
+        rec.hits += matched
+        rec.misses += missed
+        self.hits += matched
+        self.misses += missed
+        return MatchResult(matched, lease_id, blocks)
+
+    def cached_tokens(self, ns, tokens) -> int:
+        """Tokens of the longest cached whole-page prefix, without touching, counting or leasing anything."""
+        name = self._name(ns)
+        tokens = self._tokens(tokens)
+        npages = len(tokens) // self.page_bytes
+        rec = self._ns.get(name)
+        tree = rec.trees.get(self._shard(name, tokens)) if rec is not None and npages else None
+        if tree is None:
+            return 0
+        _, pages, _, extra = tree.walk(tokens, npages)
+        return (pages + extra) * self.page_size
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def _given_blocks(self, blocks, count: int, owner: int) -> list[tuple[int, Lease]]:
+        try:
+            blocks = list(blocks)
+        except TypeError:
+            raise BadRequest("blocks must be a sequence of block ids") from None
+        if len(blocks) != count:
+            raise BadRequest(f"{len(blocks)} block ids given for {count} pages")
+        seen = set()
+        out = []
+        for b in blocks:
+            self._int(b, "a block id", 0, self.nblocks - 1)
+            if b in seen:
+                raise BadRequest(f"block {b} given twice")
+            seen.add(b)
+            lease = self._leases.get(self._leased_by.get(b, 0))
+            if lease is None or lease.owner != owner:
+                raise BadRequest(f"block {b} is not held by an allocation lease of this connection")
+            out.append((b, lease))
+        return out
+
+    def begin_insert(self, ns, tokens, *, offset: int = 0, owner: int = 0, blocks=None) -> InsertPlan:
+        """Phase one of an insert of the whole pages of ``tokens`` (pages before ``offset`` must be cached).
+
+        Pins the cached prefix and, in DATA mode (blocks=None), allocates blocks
+        for the new pages, evicting just enough. In BLOCKS mode ``blocks`` gives
+        one id per page from the offset, each held by an ALLOC lease of
+        ``owner``; they move from the lease into the plan. Raises NoPrefix,
+        OutOfMemory or BadRequest with nothing changed.
+        """
+        name = self._name(ns)
+        tokens = self._tokens(tokens)
+        npages, off = self._pages_from(tokens, offset)
+        owner = self._int(owner, "the owner", 0)
+        given = self._given_blocks(blocks, npages - off, owner) if blocks is not None else None
+        shard = self._shard(name, tokens)
+        rec = self._ns.get(name)
+        tree = rec.trees.get(shard) if rec is not None else None
+        if tree is not None:
+            node, pages, child, extra = tree.walk(tokens, npages)
+        else:
+            node, pages, child, extra = None, 0, None, 0
+        cached = pages + extra
+        if cached < off:
+            raise NoPrefix(f"the first {off * self.page_size} tokens (the offset) are not cached: "
+                           f"only {cached * self.page_size} are")
+        new = npages - cached
+        if given is None and new:
+            cost = self._pin_cost(node, child, extra) if node is not None else 0
+            if not self._fits(new, cost) and self.expire():
+                cost = self._pin_cost(node, child, extra) if node is not None else 0
+            if not self._fits(new, cost):
+                raise self._oom(new)
+        # Validated: from here on nothing can fail.
+        tree = self._tree(self._namespace(name), shard)
+        if node is None:
+            node = tree.root
+        elif child is not None:
+            node = tree.split(child, extra)
+        tree.pin(node)
+        plan = InsertPlan(next(self._plan_ids), name, shard, owner, tree, node, tokens, npages, off, cached,
+                          self.block_bytes)
+        if given is None:
+            plan.new_blocks = self._reserve(new)
+        else:
+            for b, lease in given:
+                del lease.blocks[b]
+                del self._leased_by[b]
+            ids = [b for b, _ in given]
+            plan.sources = [lease.id for _, lease in given]
+            plan.dup_blocks = ids[: cached - off]
+            plan.new_blocks = ids[cached - off :]
+        self._plans[plan.id] = plan
+        return plan
+
+    def commit_insert(self, plan: InsertPlan) -> InsertResult:
+        """Phase two: link the new pages into the tree and unpin the prefix.
+
+        Pages some other insert cached since begin_insert count as existing and
+        the plan's blocks for them go back to the free list.
+        """
+        if self._plans.get(plan.id) is not plan:
+            raise BadRequest("this insert has already been committed or aborted")
+        del self._plans[plan.id]
+        plan.done = True
+        tree = plan.tree
+        P = self.page_bytes
+        now = self._clock()
+        end = plan.node
+        stored = 0
+        if plan.new_blocks:
+            node, reached, child, extra = tree.walk(plan.tokens, plan.npages, plan.node, plan.start)
+            if child is not None:
+                node = tree.split(child, extra)
+                reached += extra
+            dups = reached - plan.start
+            if dups:
+                self._alloc.release(plan.new_blocks[:dups])
+            end = node
+            if reached < plan.npages:
+                fresh = plan.new_blocks[dups:]
+                self._alloc.move(fresh, LEASED, TREE)
+                end = tree.add_leaf(node, plan.tokens[reached * P : plan.npages * P], fresh, now)
+                stored = len(fresh)
+        if plan.dup_blocks:
+            self._alloc.release(plan.dup_blocks)
+        tree.unpin(plan.node)
+        tree.touch(end, now, hit=False)
+        rec = self._ns[plan.ns]
+        rec.inserts += 1
+        rec.stored += stored
+        self.inserts += 1
+        self.stored += stored
+        return InsertResult(stored, plan.npages - plan.offset_pages - stored, tree.path_blocks(end))
+
+    def abort_insert(self, plan: InsertPlan) -> None:
+        """Undo begin_insert: unpin, free DATA-mode blocks, give BLOCKS-mode blocks back to their leases
+        (or free them when the lease has ended). Idempotent."""
+        if self._plans.get(plan.id) is not plan:
+            return
+        del self._plans[plan.id]
+        plan.done = True
+        if plan.sources is None:
+            self._alloc.release(plan.new_blocks)
+        else:
+            orphans = []
+            for b, lease_id in zip(plan.dup_blocks + plan.new_blocks, plan.sources):
+                lease = self._leases.get(lease_id)
+                if lease is None:
+                    orphans.append(b)
+                else:
+                    lease.blocks[b] = None
+                    self._leased_by[b] = lease_id
+            self._alloc.release(orphans)
+        plan.tree.unpin(plan.node)
+
+    def insert(self, ns, tokens, *, offset: int = 0, data=None, blocks=None, owner: int = 0) -> InsertResult:
+        """begin_insert + arena.write + commit_insert in one call.
+
+        DATA (blocks=None) must be exactly data_size(tokens, offset) bytes;
+        data=None skips the copy (the pages then hold whatever their blocks held).
+        """
+        if data is not None:
+            if blocks is not None:
+                raise BadRequest("give either DATA or BLOCKS, not both")
+            want = self.data_size(tokens, offset)
+            if len(memoryview(data).cast("B")) != want:
+                raise BadRequest(f"DATA is {len(memoryview(data).cast('B'))} bytes, expected {want} "
+                                 f"(pages from the offset x {self.block_bytes})")
+        plan = self.begin_insert(ns, tokens, offset=offset, owner=owner, blocks=blocks)
+        try:
+            if data is not None and plan.copy_needed:
+                self.arena.write(plan.new_blocks, plan.new_data(data))
+        except BaseException:
+            self.abort_insert(plan)
+            raise
+        return self.commit_insert(plan)
+
+    def alloc(self, ns, n: int, *, ttl_ms: int | None = None, owner: int = 0) -> AllocResult:
+        """Fresh blocks for a writer under an ALLOC lease (evicting if needed; OutOfMemory if impossible)."""
+        name = self._name(ns)
+        n = self._int(n, "the block count", 1, self.max_alloc)
+        owner = self._int(owner, "the owner", 0)
+        deadline = self._deadline(ttl_ms)
+        if not self._fits(n):
+            self.expire()
+            if not self._fits(n):
+                raise self._oom(n)
+        rec = self._namespace(name)
+        blocks = self._reserve(n)
+        lease = self._leases.new(owner, ALLOC, name, deadline, None, dict.fromkeys(blocks))
+        for b in blocks:
+            self._leased_by[b] = lease.id
+        rec.leases += 1
+        return AllocResult(lease.id, blocks)
+
+    # -- leases ---------------------------------------------------------------------------------
+
+    def _end(self, lease: Lease) -> None:
+        self._leases.remove(lease)
+        self._ns[lease.scope].leases -= 1
+        if lease.kind == READ:
+            lease.node.tree.unpin(lease.node)
+        else:
+            freed = list(lease.blocks)
+            for b in freed:
+                del self._leased_by[b]
+            self._alloc.release(freed)
+
+    def release(self, lease_ids, owner: int) -> int:
+        """End the given leases of ``owner``; returns how many (others' and unknown ids count 0)."""
+        if isinstance(lease_ids, int):
+            lease_ids = [lease_ids]
+        count = 0
+        for lease_id in lease_ids:
+            lease = self._leases.get(lease_id) if isinstance(lease_id, int) else None
+            if lease is not None and lease.owner == owner:
+                self._end(lease)
+                count += 1
+        return count
+
+    def release_owner(self, owner: int) -> int:
+        """End every lease of ``owner`` (its connection closed); returns how many."""
+        leases = self._leases.of_owner(owner)
+        for lease in leases:
+            self._end(lease)
+        return len(leases)
+
+    def expire(self) -> int:
+        """End every lease past its deadline; O(log n) per lease. Returns how many."""
+        due = self._leases.due(self._clock())
+        for lease in due:
+            self._end(lease)
+        return len(due)
+
+    def next_expiry(self) -> float:
+        """Clock time of the earliest lease deadline (inf if none): when the daemon should call expire()."""
+        return self._leases.next_deadline()
+
+    # -- eviction commands ----------------------------------------------------------------------
+
+    def evict_prefix(self, ns, tokens) -> EvictResult:
+        """Forget every cached sequence that starts with the whole pages of ``tokens``
+        (the last of those pages and everything below it); pinned pages stay and are counted."""
+        name = self._name(ns)
+        tokens = self._tokens(tokens)
+        npages = len(tokens) // self.page_bytes
+        if not npages:
+            raise BadRequest(f"the prefix must hold at least one whole page ({self.page_size} tokens)")
+        rec = self._ns.get(name)
+        tree = rec.trees.get(self._shard(name, tokens)) if rec is not None else None
+        if tree is None:
+            return self._result(0, 0)
+        node, pages, child, extra = tree.walk(tokens, npages)
+        if pages + extra < npages:
+            return self._result(0, 0)
+        # Make the last page of the prefix start a node: that node's subtree is exactly what goes.
+        if child is not None:
+            target = child
+            if extra > 1:
+                tree.split(child, extra - 1)
+        else:
+            target = node
+            if len(node.blocks) > 1:
+                tree.split(node, len(node.blocks) - 1)
+        return self._result(*self._drop(tree, target))
+
+    def evict_pages(self, ns, n: int) -> EvictResult:
+        """Evict up to n pages of ``ns`` chosen by the policy."""
+        name = self._name(ns)
+        n = self._int(n, "the page count", 0)
+        rec = self._ns.get(name)
+        if rec is None:
+            return self._result(0, 0)
+        evicted = self._evict(n, name)
+        return self._result(evicted, self._pinned(rec))
+
+    def evict_bytes(self, ns, nbytes: int) -> EvictResult:
+        """Evict pages of ``ns`` by policy until at least nbytes of blocks are freed (or nothing is left)."""
+        nbytes = self._int(nbytes, "the byte count", 0)
+        return self.evict_pages(ns, -(-nbytes // self.block_bytes))
+
+    def evict_all(self, ns) -> EvictResult:
+        """Drop every unpinned page of ``ns``."""
+        rec = self._ns.get(self._name(ns))
+        if rec is None:
+            return self._result(0, 0)
+        evicted = pinned = 0
+        for tree in rec.trees.values():
+            e, p = self._drop(tree, tree.root)
+            evicted += e
+            pinned += p
+        return self._result(evicted, pinned)
+
+    def flush(self) -> EvictResult:
+        """Drop every unpinned page of every namespace."""
+        evicted = pinned = 0
+        for name in list(self._ns):
+            e, _, p = self.evict_all(name)
+            evicted += e
+            pinned += p
+        return self._result(evicted, pinned)
+
+    def evict_to_watermark(self, low_free_blocks: int) -> EvictResult:
+        """Evict by policy across namespaces until at least ``low_free_blocks`` blocks are free."""
+        low = self._int(low_free_blocks, "the free-block watermark", 0)
+        short = low - self._alloc.free_count
+        evicted = self._evict(short, None) if short > 0 else 0
+        return self._result(evicted, self._totals.pages - self._totals.unpinned)
+
+    @staticmethod
+    def _pinned(rec: _Namespace) -> int:
+        return sum(t.pages - t.unpinned for t in rec.trees.values())
+
+    # -- policy and introspection ---------------------------------------------------------------
+
+    @property
+    def policy(self) -> str:
+        """The name of the eviction policy in force."""
+        return self._index.policy
+
+    def set_policy(self, name: str) -> None:
+        """Switch the eviction policy at runtime (rebuilds the candidate index: O(n log n) once)."""
+        if name not in POLICIES:
+            raise BadRequest(f"unknown eviction policy {name!r} (known: {', '.join(POLICIES)})")
+        candidates = [node for rec in self._ns.values() for tree in rec.trees.values()
+                      for node in tree.subtree(tree.root) if node.evictable]
+        self._index.rebuild(name, candidates)
+
+    def namespaces(self) -> list[bytes]:
+        """Names of the namespaces seen so far, sorted."""
+        return sorted(self._ns)
+
+    @staticmethod
+    def _rate(hits: int, misses: int) -> float:
+        return hits / (hits + misses) if hits + misses else 0.0
+
+    def stats(self, ns=None) -> dict:
+        """Counters for one namespace, or global ones (ns=None). Hits/misses are in tokens."""
+        if ns is not None:
+            name = self._name(ns)
+            rec = self._ns.get(name) or _Namespace(name)
+            pages = sum(t.pages for t in rec.trees.values())
+            pinned = self._pinned(rec)
+            return {
+                "namespace": name, "policy": self.policy, "pages": pages, "pinned_pages": pinned,
+                "evictable_pages": pages - pinned, "nodes": sum(t.nodes for t in rec.trees.values()),
+                "bytes": pages * self.block_bytes, "hits_tokens": rec.hits, "misses_tokens": rec.misses,
+                "hit_rate": self._rate(rec.hits, rec.misses), "evictions": rec.evictions,
+                "inserts": rec.inserts, "stored_pages": rec.stored, "leases": rec.leases,
+            }
+        t = self._totals
+        return {
+            "policy": self.policy, "page_size": self.page_size, "shards": self.shards,
+            "block_bytes": self.block_bytes, "blocks_total": self.nblocks,
+            "blocks_used": self.nblocks - self._alloc.free_count, "blocks_free": self._alloc.free_count,
+            "blocks_cached": self._alloc.count(TREE), "blocks_leased": self._alloc.count(LEASED),
+            "pages": t.pages, "pinned_pages": t.pages - t.unpinned, "evictable_pages": t.unpinned,
+            "hits_tokens": self.hits, "misses_tokens": self.misses, "hit_rate": self._rate(self.hits, self.misses),
+            "evictions": self.evictions, "inserts": self.inserts, "stored_pages": self.stored,
+            "leases": len(self._leases), "inserts_in_progress": len(self._plans), "namespaces": len(self._ns),
+        }
+
+    def info(self) -> dict:
+        """Everything PFXINFO shows: configuration, arena and global counters."""
+        return {"arena": self.arena.describe(), "lease_ttl_ms": self.lease_ttl_ms, "max_alloc": self.max_alloc,
+                **self.stats()}
+
+    # -- invariants ------------------------------------------------------------------------------
+
+    def check(self) -> list[str]:
+        """Verify every invariant; returns the violations (empty: consistent). O(n + nblocks)."""
+        problems = self._alloc.check() + self._leases.check()
+        where: dict[int, object] = {}
+
+        def claim(b, owner, state):
+            if not isinstance(b, int) or not 0 <= b < self.nblocks:
+                problems.append(f"{owner!r} references invalid block {b!r}")
+                return
+            if b in where:
+                problems.append(f"block {b} referenced by {owner!r} and {where[b]!r}")
+            where[b] = owner
+            if self._alloc.state(b) != state:
+                problems.append(f"block {b} of {owner!r} is {STATE_NAMES[self._alloc.state(b)]}, "
+                                f"expected {STATE_NAMES[state]}")
+
+        direct: dict[int, int] = {}
+        lease_counts: dict[bytes, int] = {}
+        for lease in self._leases:
+            lease_counts[lease.scope] = lease_counts.get(lease.scope, 0) + 1
+            if lease.kind == READ:
+                direct[id(lease.node)] = direct.get(id(lease.node), 0) + 1
+                if lease.node.parent is None:
+                    problems.append(f"{lease!r} pins a removed node or a root")
+                elif RadixTree.path_blocks(lease.node) != lease.blocks:
+                    problems.append(f"{lease!r}: its blocks are no longer the path of its node")
+            else:
+                for b in lease.blocks:
+                    claim(b, lease, LEASED)
+                    if self._leased_by.get(b) != lease.id:
+                        problems.append(f"block {b} of {lease!r} missing from the lease index")
+        for b, lease_id in self._leased_by.items():
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.kind != ALLOC or b not in lease.blocks:
+                problems.append(f"lease index maps block {b} to lease {lease_id} which does not hold it")
+        for plan in self._plans.values():
+            if plan.node.parent is not None:
+                direct[id(plan.node)] = direct.get(id(plan.node), 0) + 1
+            for b in plan.new_blocks + plan.dup_blocks:
+                claim(b, f"insert plan {plan.id}", LEASED)
+            if RadixTree.depth_pages(plan.node) != plan.start:
+                problems.append(f"insert plan {plan.id}: pinned prefix no longer ends at page {plan.start}")
+
+        candidates = []
+        live_nodes = set()
+        pages = unpinned = 0
+        for rec in self._ns.values():
+            if rec.leases != lease_counts.get(rec.name, 0):
+                problems.append(f"namespace {rec.name!r} counts {rec.leases} leases, has "
+                                f"{lease_counts.get(rec.name, 0)}")
+            for shard, tree in rec.trees.items():
+                if tree.shard != shard or tree.scope != rec.name or tree.index is not self._index:
+                    problems.append(f"tree {rec.name!r}/{shard} misfiled")
+                tree_problems, nodes = tree.check(direct)
+                problems += tree_problems
+                pages += tree.pages
+                unpinned += tree.unpinned
+                for node in nodes:
+                    live_nodes.add(id(node))
+                    for b in node.blocks:
+                        claim(b, node, TREE)
+                    if node.lock_ref == 0 and not node.children:
+                        candidates.append(node)
+                    if node.parent is tree.root and self._shard(rec.name, node.key) != shard:
+                        problems.append(f"node {node!r} of {rec.name!r} is in shard {shard}, hashes elsewhere")
+        for lease in self._leases:
+            if lease.kind == READ and id(lease.node) not in live_nodes:
+                problems.append(f"{lease!r} pins a node that is not in any tree")
+        for plan in self._plans.values():
+            if plan.node.parent is not None and id(plan.node) not in live_nodes:
+                problems.append(f"insert plan {plan.id} pins a node that is not in any tree")
+        for b in range(self.nblocks):
+            state = self._alloc.state(b)
+            if state != FREE and b not in where:
+                problems.append(f"block {b} is {STATE_NAMES[state]} but nothing references it")
+        if (pages, unpinned) != (self._totals.pages, self._totals.unpinned):
+            problems.append(f"global page counters {self._totals.pages}/{self._totals.unpinned} "
+                            f"!= {pages}/{unpinned}")
+        if self._totals.pages != self._alloc.count(TREE):
+            problems.append(f"{self._totals.pages} cached pages but {self._alloc.count(TREE)} blocks in the trees")
+        for field in ("hits", "misses", "evictions", "inserts", "stored"):
+            total = sum(getattr(rec, field) for rec in self._ns.values())
+            if total != getattr(self, field):
+                problems.append(f"namespace {field} add up to {total}, global counter says {getattr(self, field)}")
+        problems += self._index.check(candidates)
+        return problems
