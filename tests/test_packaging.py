@@ -26,6 +26,8 @@ def test_wheel_holds_prefixed_packages_and_command_defs(tmp_path):
     assert "pfxcache/protocol/requests.py" in names
     assert "pfxcache/client/__init__.py" in names
     assert "pfxcache/daemon/commands/defs/ping.json" in names
+    assert "pfxcache/daemon/commands/defs/pfxget.json" in names
+    assert "pfxcache/daemon/store/radix.py" in names
     entry_points = next(name for name in names if name.endswith("entry_points.txt"))
     assert "pfxcached = pfxcache.daemon.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 

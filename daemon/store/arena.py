@@ -98,8 +98,15 @@ class Arena:
             self._mv = None
 
     def close(self) -> None:
-        """Release the storage; the arena is unusable afterwards."""
+        """Unmap the storage; the arena is unusable afterwards (idempotent)."""
+        if self._buffer is None:
+            return
         self._drop_views()
+        try:
+            self._buffer.close()
+        except BufferError:  # a caller still holds a view(); the mapping goes when it is collected
+            pass
+        self._buffer = None
 
     def __enter__(self):
         return self
@@ -116,16 +123,6 @@ class MemoryArena(Arena):
     def __init__(self, block_bytes: int, nblocks: int) -> None:
         # An anonymous mapping is zero-filled lazily by the kernel: large arenas cost nothing until used.
         super().__init__(mmap.mmap(-1, block_bytes * nblocks), block_bytes, nblocks, name="")
-
-    def close(self) -> None:
-        if self._buffer is None:
-            return
-        self._drop_views()
-        try:
-            self._buffer.close()
-        except BufferError:  # a caller still holds a view(); the mapping goes when it is collected
-            pass
-        self._buffer = None
 
 
 class ShmArena(Arena):
@@ -182,12 +179,7 @@ class ShmArena(Arena):
         """Unmap, and unlink the file when this process created it."""
         if self._buffer is None:
             return
-        self._drop_views()
-        try:
-            self._buffer.close()
-        except BufferError:  # outstanding view(): unmapped when collected, the file goes now anyway
-            pass
-        self._buffer = None
+        super().close()
         if self._owner:
             try:
                 os.unlink(self.path)
