@@ -246,7 +246,7 @@ def pfxevict(ctx: Any, argv: list[bytes]) -> Any:
         return Error(str(exc))
     except StoreError as exc:
         return _store_error(exc)
-    return {"evicted": result.evicted_pages, "freed": result.freed_bytes, "pinned": result.pinned_pages}
+    return {"evicted": result.evicted, "freed": result.freed_bytes, "pinned": result.pinned}
 
 
 @handles("pfxinfo")

@@ -167,6 +167,10 @@ class PrefixStore:
         self._leases = LeaseTable()
         self._leased_by: dict[int, int] = {}  # block -> id of the ALLOC lease holding it
         self._plans: dict[int, InsertPlan] = {}
+        # Counters of namespaces that no longer exist (emptied by EVICT ALL or
+        # FLUSHALL) or never did (a PFXGET of an unknown key): kept so the
+        # global counters still add up, without keeping a record per name.
+        self._retired = _Namespace(b"")
         self._plan_ids = itertools.count(1)
         self.hits = 0
         self.misses = 0
@@ -314,7 +318,8 @@ class PrefixStore:
         tokens = self._tokens(tokens)
         deadline = self._deadline(ttl_ms) if lease else math.inf
         npages = len(tokens) // self.page_bytes
-        rec = self._namespace(name)
+        # A lookup never creates a namespace: unknown keys cost no memory.
+        rec = self._ns.get(name, self._retired)
         pages = 0
         blocks: list[int] = []
         lease_id = 0
@@ -621,7 +626,19 @@ class PrefixStore:
             e, p = self._drop(tree, tree.root)
             evicted += e
             pinned += p
-        return self._result(evicted, pinned)
+        result = self._result(evicted, pinned)
+        self._retire_if_empty(rec)
+        return result
+
+    def _retire_if_empty(self, rec: _Namespace) -> None:
+        """Forget a namespace that holds no page, lease or insert in flight (its counters stay in the totals)."""
+        if rec.leases or any(tree.pages for tree in rec.trees.values()):
+            return
+        if any(plan.ns == rec.name for plan in self._plans.values()):
+            return
+        for field in ("hits", "misses", "evictions", "inserts", "stored"):
+            setattr(self._retired, field, getattr(self._retired, field) + getattr(rec, field))
+        del self._ns[rec.name]
 
     def flush(self) -> EvictResult:
         """Drop every unpinned page of every namespace."""
@@ -659,8 +676,9 @@ class PrefixStore:
         self._index.rebuild(name, candidates)
 
     def namespaces(self) -> list[bytes]:
-        """Names of the namespaces seen so far, sorted."""
-        return sorted(self._ns)
+        """Names of the namespaces that hold pages or leases (Redis's keys), sorted."""
+        return sorted(name for name, rec in self._ns.items()
+                      if rec.leases or any(tree.pages for tree in rec.trees.values()))
 
     @staticmethod
     def _rate(hits: int, misses: int) -> float:
@@ -689,7 +707,7 @@ class PrefixStore:
             "pages": t.pages, "pinned_pages": t.pages - t.unpinned, "evictable_pages": t.unpinned,
             "hits_tokens": self.hits, "misses_tokens": self.misses, "hit_rate": self._rate(self.hits, self.misses),
             "evictions": self.evictions, "inserts": self.inserts, "stored_pages": self.stored,
-            "leases": len(self._leases), "inserts_in_progress": len(self._plans), "namespaces": len(self._ns),
+            "leases": len(self._leases), "inserts_in_progress": len(self._plans), "namespaces": len(self.namespaces()),
         }
 
     def info(self) -> dict:
@@ -780,7 +798,7 @@ class PrefixStore:
         if self._totals.pages != self._alloc.count(TREE):
             problems.append(f"{self._totals.pages} cached pages but {self._alloc.count(TREE)} blocks in the trees")
         for field in ("hits", "misses", "evictions", "inserts", "stored"):
-            total = sum(getattr(rec, field) for rec in self._ns.values())
+            total = sum(getattr(rec, field) for rec in (*self._ns.values(), self._retired))
             if total != getattr(self, field):
                 problems.append(f"namespace {field} add up to {total}, global counter says {getattr(self, field)}")
         problems += self._index.check(candidates)
