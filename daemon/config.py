@@ -655,9 +655,16 @@ DIRECTIVES: tuple[Directive, ...] = (
         doc="Most tokens one PFXGET, PFXSET or PFXEVICT may carry.",
     ),
     Directive(
-        name="arena", kind=Enum(("shm", "memory")), default="shm", mutable=False,
+        name="arena", kind=Enum(("shm", "memory", "cuda")), default="shm", mutable=False,
         doc="Where blocks live: shm, a POSIX shared-memory file workers on this host map "
-        "zero-copy (/dev/shm/<arena-name>-<pid>-<port>); memory, private to the daemon.",
+        "zero-copy (/dev/shm/<arena-name>-<pid>-<port>); memory, private to the daemon; cuda, "
+        "one allocation on the GPU arena-device that CUDA processes open through its IPC "
+        "handle (needs CuPy: pip install pfxcache[cuda12] or [cuda13]).",
+    ),
+    Directive(
+        name="arena-device", kind=Int(), default=0, minimum=0, maximum=1023, mutable=False,
+        doc="The CUDA device (ordinal, as in CUDA_VISIBLE_DEVICES order) that holds the arena "
+        "when arena is cuda; ignored otherwise.",
     ),
     Directive(
         name="arena-name", kind=String(), default="pfxcache", mutable=False,

@@ -63,6 +63,12 @@ class PrefixService:
             self.arena = ShmArena(block_bytes, nblocks, name=name)
         elif backend == "memory":
             self.arena = MemoryArena(block_bytes, nblocks)
+        elif backend == "cuda":
+            # Imported here: CuPy is optional, and only this backend needs it. A missing
+            # CuPy or GPU raises CudaUnavailable (a ValueError): a startup error.
+            from .store.cuda_arena import CudaArena
+
+            self.arena = CudaArena(block_bytes, nblocks, device=config["arena-device"])
         else:
             raise ValueError(f"arena '{backend}' is not available in this build")
         self.store = PrefixStore(

@@ -190,6 +190,7 @@ EXPECTED_DEFAULTS = {
     "prompt-max-tokens": 1 << 20,
     "arena": "shm",
     "arena-name": "pfxcache",
+    "arena-device": 0,
 }
 
 
@@ -212,6 +213,7 @@ def test_mutability_matches_redis():
         "tcp-backlog", "unixsocket", "unixsocketperm", "logfile", "pidfile", "databases", "daemonize",
         # ours: the arena and the tree's geometry are fixed for the life of the process
         "maxmemory", "page-size", "block-bytes", "shards", "arena", "arena-name",
+        "arena-device",
     }
     assert {d.name for d in DIRECTIVES if d.protected} == {"dir"}
 

@@ -1,0 +1,273 @@
+"""The ``cuda`` arena: one plain device allocation on a GPU, shared through CUDA IPC.
+
+The daemon allocates ``nblocks * block_bytes`` bytes with ``cudaMalloc`` (a
+:class:`cupy.cuda.Memory`: device memory, never managed memory, never carved
+out of CuPy's memory pool, so the pointer is the base of its own allocation as
+``cudaIpcGetMemHandle`` requires) and exports it with
+``cupy.cuda.runtime.ipcGetMemHandle``: a 64-byte handle that ``describe()``
+(and so ``PFXINFO``'s ``arena`` map, as a bulk string) carries along with the
+device, the size, the geometry and the pid of the exporting process. Any CUDA
+process on the host -- CuPy (:func:`pfxcache.client.cuda.attach_cuda`), torch,
+C++ with ``cudaIpcOpenMemHandle`` -- opens it and reads or writes blocks on the
+device, zero-copy. CUDA IPC cannot open a handle in the process that exported
+it, so the daemon itself goes through ``read``/``write`` (host bytes, for
+``PFXGET WITHDATA`` and ``PFXSET DATA``).
+
+Nothing here imports CuPy at module level: importing the daemon or running the
+tests never needs it. :func:`load_cupy` imports it when an arena is created and
+turns every reason it cannot work (no CuPy, no driver, no such device) into a
+:class:`CudaUnavailable` -- a ``ValueError``, which the server reports as a
+startup error.
+
+Copies and visibility. Host <-> device copies go per contiguous run of block
+ids (one ``cudaMemcpyAsync`` each) when the ids form a few runs -- the common
+case, as the allocator hands out runs -- and otherwise through one staging
+buffer on the device and one gather or scatter kernel, on CuPy's current stream,
+which is synchronised before returning: when ``PFXSET`` replies the bytes are
+on the device for every other process (a copy from pageable memory may return
+before the DMA lands). Each call selects the arena's device itself: CUDA's
+current device is per thread and large copies run in a worker thread
+(``PrefixService.copy_in``/``copy_out``), off the event loop.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .arena import Arena
+from .errors import BadRequest
+
+#: Bytes of a ``cudaIpcMemHandle_t``.
+IPC_HANDLE_BYTES = 64
+
+#: At most this many contiguous runs are copied one ``cudaMemcpy`` each; more go
+#: through a staging buffer and one gather/scatter kernel.
+MAX_DIRECT_RUNS = 16
+
+INSTALL_HINT = "pip install pfxcache[cuda12] or [cuda13]"
+
+
+class CudaUnavailable(ValueError):
+    """``arena cuda`` cannot work here (no CuPy, no GPU, bad device): a startup error."""
+
+
+def unavailable(reason: str) -> CudaUnavailable:
+    """The startup error for ``arena cuda``, with ``reason`` (what actually failed)."""
+    return CudaUnavailable(f"arena cuda needs CuPy ({INSTALL_HINT}) and an NVIDIA GPU: {reason}")
+
+
+def load_cupy(device: int) -> Any:
+    """Import CuPy and check that ``device`` exists; :class:`CudaUnavailable` otherwise."""
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a broken install failing to load its libraries
+        raise unavailable(f"cannot import cupy ({type(exc).__name__}: {exc})") from exc
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDARuntimeError: no driver, no device, driver too old
+        raise unavailable(f"no usable CUDA device ({type(exc).__name__}: {exc})") from exc
+    if count < 1:
+        raise unavailable("no CUDA device is visible")
+    if not 0 <= device < count:
+        raise unavailable(f"arena-device {device} does not exist (devices 0..{count - 1} are visible)")
+    return cupy
+
+
+def contiguous_runs(idx: np.ndarray) -> list[tuple[int, int, int]]:
+    """Split block ids into runs of consecutive ids: ``(first_id, count, position in idx)``.
+
+    ``[4, 5, 6, 9, 2, 3]`` -> ``[(4, 3, 0), (9, 1, 3), (2, 2, 4)]``. Vectorised:
+    one ``np.diff``, no Python loop over the ids.
+    """
+    idx = np.asarray(idx, dtype=np.int64)
+    if idx.size == 0:
+        return []
+    starts = np.flatnonzero(np.diff(idx) != 1) + 1
+    starts = np.concatenate(([0], starts))
+    ends = np.concatenate((starts[1:], [idx.size]))
+    return [(int(idx[s]), int(e - s), int(s)) for s, e in zip(starts.tolist(), ends.tolist())]
+
+
+def count_runs(idx: np.ndarray) -> int:
+    """How many runs :func:`contiguous_runs` would return, without building them."""
+    idx = np.asarray(idx, dtype=np.int64)
+    return 0 if idx.size == 0 else int(np.count_nonzero(np.diff(idx) != 1)) + 1
+
+
+def check_handle(handle: Any) -> bytes:
+    """A CUDA IPC memory handle as the exact 64 ``bytes`` CuPy's runtime calls take."""
+    if isinstance(handle, str):
+        raise TypeError("the IPC handle is binary: read PFXINFO without decode_responses")
+    if not isinstance(handle, (bytes, bytearray, memoryview)):
+        raise TypeError(f"the IPC handle must be bytes, not {type(handle).__name__}")
+    handle = bytes(handle)
+    if len(handle) != IPC_HANDLE_BYTES:
+        raise ValueError(f"a CUDA IPC handle is {IPC_HANDLE_BYTES} bytes, got {len(handle)}")
+    return handle
+
+
+def host_array(data: Any, nbytes: int, what: str) -> np.ndarray:
+    """``data`` (any buffer) as a flat uint8 array of exactly ``nbytes`` bytes, C-contiguous."""
+    src = np.frombuffer(data, dtype=np.uint8) if len(data) else np.empty(0, np.uint8)
+    if src.size != nbytes:
+        raise BadRequest(f"{what} is {src.size} bytes, expected {nbytes}")
+    return src
+
+
+def blocks_to_host(cp: Any, blocks: Any, base_ptr: int, idx: np.ndarray, dest: np.ndarray) -> None:
+    """Copy device blocks ``idx`` of ``blocks`` (an (nblocks, block_bytes) uint8 CuPy array at
+    ``base_ptr``) into the C-contiguous host uint8 array ``dest`` (exactly len(idx) blocks), in order.
+
+    One ``cudaMemcpyAsync`` per run of consecutive ids when they are few, else one gather into a
+    device staging buffer and one copy; on CuPy's current stream, which is synchronised before
+    returning (the host bytes are complete). Call it with the blocks' device current.
+    """
+    runtime, stream = cp.cuda.runtime, cp.cuda.get_current_stream()
+    bb = blocks.shape[1]
+    if count_runs(idx) <= MAX_DIRECT_RUNS:
+        base = dest.ctypes.data
+        for first, count, pos in contiguous_runs(idx):
+            runtime.memcpyAsync(base + pos * bb, base_ptr + first * bb, count * bb,
+                                runtime.memcpyDeviceToHost, stream.ptr)
+    else:
+        staged = cp.take(blocks, cp.asarray(idx), axis=0)
+        runtime.memcpyAsync(dest.ctypes.data, int(staged.data.ptr), idx.size * bb,
+                            runtime.memcpyDeviceToHost, stream.ptr)
+    stream.synchronize()  # also keeps `staged` alive until the copy is done
+
+
+def blocks_from_host(cp: Any, blocks: Any, base_ptr: int, idx: np.ndarray, src: np.ndarray) -> None:
+    """Copy the C-contiguous host uint8 array ``src`` (exactly len(idx) blocks) into device blocks
+    ``idx``, in order; the counterpart of :func:`blocks_to_host`. Synchronises before returning:
+    a copy from pageable memory may return before the DMA lands, and other processes read the
+    blocks as soon as they are handed over."""
+    runtime, stream = cp.cuda.runtime, cp.cuda.get_current_stream()
+    bb = blocks.shape[1]
+    if count_runs(idx) <= MAX_DIRECT_RUNS:
+        base = src.ctypes.data
+        for first, count, pos in contiguous_runs(idx):
+            runtime.memcpyAsync(base_ptr + first * bb, base + pos * bb, count * bb,
+                                runtime.memcpyHostToDevice, stream.ptr)
+    else:
+        if np.unique(idx).size != idx.size:
+            raise BadRequest("block ids repeat")
+        staged = cp.empty((idx.size, bb), dtype=cp.uint8)
+        runtime.memcpyAsync(int(staged.data.ptr), src.ctypes.data, idx.size * bb,
+                            runtime.memcpyHostToDevice, stream.ptr)
+        blocks[cp.asarray(idx)] = staged
+    stream.synchronize()
+
+
+class CudaArena(Arena):
+    """Blocks in one ``cudaMalloc`` allocation on ``device``, exported with CUDA IPC.
+
+    ``cupy`` may be passed in (tests inject a stand-in module); by default it is
+    imported and checked by :func:`load_cupy`.
+    """
+
+    backend = "cuda"
+
+    def __init__(self, block_bytes: int, nblocks: int, *, device: int = 0, cupy: Any = None) -> None:
+        if block_bytes < 1 or nblocks < 1:
+            raise ValueError("an arena needs block_bytes >= 1 and nblocks >= 1")
+        cp = cupy if cupy is not None else load_cupy(device)
+        self.block_bytes = block_bytes
+        self.nblocks = nblocks
+        self.name = ""
+        self.device_id = device
+        self.pid = os.getpid()
+        self._cp = cp
+        self._runtime = cp.cuda.runtime
+        self._buffer = None  # the base class's host buffer: there is none
+        self._mv = None
+        self._blocks = None
+        size = block_bytes * nblocks
+        try:
+            with cp.cuda.Device(device):
+                # cupy.cuda.Memory is cudaMalloc, freed when the object goes: plain device
+                # memory at the base of its own allocation (the pool could hand out a piece
+                # of a larger one, whose IPC handle would open at the wrong address).
+                self._mem = cp.cuda.Memory(size)
+                self.ptr = int(self._mem.ptr)
+                self._runtime.memset(self.ptr, 0, size)
+                self._runtime.deviceSynchronize()
+                self._blocks = cp.ndarray((nblocks, block_bytes), dtype=cp.uint8,
+                                          memptr=cp.cuda.MemoryPointer(self._mem, 0))
+                self.handle = check_handle(self._runtime.ipcGetMemHandle(self.ptr))
+        except CudaUnavailable:
+            raise
+        except Exception as exc:  # out of memory, IPC unsupported, ...: a startup error, not a crash
+            self._blocks = None
+            self._mem = None
+            raise unavailable(
+                f"cannot allocate and export {size} bytes on device {device} ({type(exc).__name__}: {exc})"
+            ) from exc
+
+    # --- host <-> device -------------------------------------------------
+
+    def _device(self):
+        if self._mem is None:
+            raise ValueError("the arena is closed")
+        return self._cp.cuda.Device(self.device_id)
+
+    def read(self, ids: Sequence[int]) -> bytes:
+        """The concatenated contents of ``ids``, copied to the host, in order."""
+        idx = self._index(ids)
+        out = np.empty(idx.size * self.block_bytes, dtype=np.uint8)
+        if idx.size:
+            self._to_host(idx, out)
+        return out.tobytes()
+
+    def read_into(self, ids: Sequence[int], out) -> None:
+        """Copy the contents of ``ids`` into the writable host buffer ``out`` (exactly len(ids) blocks)."""
+        idx = self._index(ids)
+        dest = np.frombuffer(out, dtype=np.uint8)
+        if dest.size != idx.size * self.block_bytes:
+            raise BadRequest(f"output buffer holds {dest.size} bytes, expected {idx.size * self.block_bytes}")
+        if idx.size:
+            self._to_host(idx, dest)
+
+    def write(self, ids: Sequence[int], data) -> None:
+        """Store host ``data`` (exactly len(ids) * block_bytes bytes) into ``ids`` on the device."""
+        idx = self._index(ids)
+        src = host_array(data, idx.size * self.block_bytes, f"data for {idx.size} blocks x {self.block_bytes} bytes")
+        if idx.size:
+            self._from_host(idx, src)
+
+    def _to_host(self, idx: np.ndarray, dest: np.ndarray) -> None:
+        with self._device():
+            blocks_to_host(self._cp, self._blocks, self.ptr, idx, dest)
+
+    def _from_host(self, idx: np.ndarray, src: np.ndarray) -> None:
+        with self._device():
+            # Before PFXSET replies, the bytes must be on the device for every other process.
+            blocks_from_host(self._cp, self._blocks, self.ptr, idx, src)
+
+    # --- the rest of the Arena interface -----------------------------------
+
+    def view(self, block_id: int) -> memoryview:
+        """There is no host view of device memory: workers open the IPC handle instead."""
+        raise NotImplementedError("the cuda arena has no host view; open its IPC handle (pfxcache.client.cuda)")
+
+    def describe(self) -> dict:
+        """Backend, device, IPC handle (64 bytes), size, geometry and the exporting pid."""
+        info = super().describe()
+        info.update({"device": self.device_id, "handle": self.handle, "pid": self.pid})
+        return info
+
+    def close(self) -> None:
+        """Free the allocation (idempotent). Workers must have closed their IPC mappings first."""
+        if self._mem is None:
+            return
+        self._blocks = None
+        mem, self._mem = self._mem, None
+        try:
+            with self._cp.cuda.Device(self.device_id):
+                self._runtime.deviceSynchronize()  # no copy still reads or writes it
+        except Exception:  # a dying context: freeing below is all that is left to do
+            pass
+        del mem  # cupy.cuda.Memory frees (cudaFree) when its last reference goes
