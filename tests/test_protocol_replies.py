@@ -353,3 +353,20 @@ def test_matches_redis_server(redis_conn_factory, resp):
             assert _call(conn, *command) == encode(value, resp), command
     finally:
         conn.close()
+
+
+def test_integer_array_is_an_array_of_integers_in_both_protocols():
+    from array import array
+
+    import hiredis
+
+    ids = array("q", [0, 7, -3, 2**40])
+    for resp in (2, 3):
+        wire = encode(ids, resp)
+        assert wire == b"*4\r\n:0\r\n:7\r\n:-3\r\n:1099511627776\r\n"
+        reader = hiredis.Reader()
+        reader.feed(wire)
+        assert reader.gets() == [0, 7, -3, 2**40]
+    assert encode(array("I"), 3) == b"*0\r\n"
+    with pytest.raises(TypeError):
+        encode(array("d", [1.0]), 3)

@@ -88,6 +88,11 @@ def _ttl(argv: list[bytes], position: int) -> int:
     return _integer(argv[position + 1], "TTL", 1, TTL_MAX_MS)
 
 
+def _ids(blocks: list[int]) -> array:
+    """Block ids as an integer array: the encoder writes those in one join."""
+    return array("q", blocks)
+
+
 def _store_error(error: StoreError) -> Error:
     return Error(error.line)
 
@@ -130,7 +135,7 @@ async def pfxget(ctx: Any, argv: list[bytes]) -> Any:
     async with lock.read():
         # WITHDATA without a lease still needs a pin while the bytes are copied out.
         result = store.match(namespace, tokens, lease=lease or with_data, ttl_ms=ttl_ms, owner=owner)
-    reply = {"matched": result.matched_tokens, "lease": result.lease_id if lease else 0, "blocks": result.blocks}
+    reply = {"matched": result.matched_tokens, "lease": result.lease_id if lease else 0, "blocks": _ids(result.blocks)}
     if with_data:
         try:
             reply["data"] = await service.copy_out(result.blocks)
@@ -193,7 +198,7 @@ async def pfxset(ctx: Any, argv: list[bytes]) -> Any:
         finally:
             if not committed:
                 store.abort_insert(plan)
-    return {"stored": result.stored, "existing": result.existing, "blocks": result.blocks}
+    return {"stored": result.stored, "existing": result.existing, "blocks": _ids(result.blocks)}
 
 
 @handles("pfxalloc")
@@ -212,7 +217,7 @@ def pfxalloc(ctx: Any, argv: list[bytes]) -> Any:
         return Error(str(exc))
     except StoreError as exc:
         return _store_error(exc)
-    return {"lease": result.lease_id, "blocks": result.blocks}
+    return {"lease": result.lease_id, "blocks": _ids(result.blocks)}
 
 
 @handles("pfxrelease")
