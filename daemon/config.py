@@ -620,10 +620,12 @@ DIRECTIVES: tuple[Directive, ...] = (
         "reserved at startup and cut into maxmemory / block-bytes blocks.",
     ),
     Directive(
-        name="maxmemory-policy", kind=Enum(("lru", "lfu", "hybrid")), default="hybrid",
+        name="maxmemory-policy", kind=Enum(("lru", "lfu", "hybrid", "ghost")), default="hybrid",
         doc="Which unpinned leaf pages go first when blocks are needed: lru (least recently "
         "used), lfu (least frequently used, then least recent), hybrid (highest "
-        "age / (frequency + 1)).",
+        "age / (frequency + 1)), ghost (LRU that, while the cache thrashes, puts new "
+        "pages nobody continues at the LRU end; continuations of hit or recently evicted "
+        "prefixes stay protected).",
     ),
     Directive(
         name="page-size", kind=Int(), default=16, minimum=1, maximum=1 << 20, mutable=False,

@@ -33,6 +33,18 @@ log = logging.getLogger("pfxcached")
 
 # Redis reads 16 KiB at a time; a larger first read costs nothing and helps pipelines.
 READ_SIZE = 64 * 1024
+#: Replies buffered past this are written before the next pipelined request runs:
+#: a client that pipelines big reads (PFXGET WITHDATA) and does not read its
+#: replies holds at most this much (plus one reply) in the daemon, not one reply
+#: per request it sent.
+FLUSH_BYTES = 1 << 20
+
+
+class _Flush:
+    __slots__ = ()
+
+
+FLUSH = _Flush()
 
 
 async def send_chunks(sock: socket.socket, chunks: list) -> int:
@@ -97,44 +109,56 @@ async def serve_connection(server: Any, sock: socket.socket, client: Client) -> 
             parser.feed(data)
             client.busy = True
             try:
-                pending = _run_buffered_requests(ctx, parser, out)
-                while pending is not None:
-                    _emit(ctx, parser, out, await execute_pending(ctx, pending))
-                    pending = _run_buffered_requests(ctx, parser, out)
+                step = _run_buffered_requests(ctx, parser, out)
+                while step is not None:
+                    if step is FLUSH:
+                        await _write(sock, out, stats)
+                    else:
+                        _emit(ctx, parser, out, await execute_pending(ctx, step))
+                    step = _run_buffered_requests(ctx, parser, out)
+                await _write(sock, out, stats)
+            except OSError:  # the peer is gone
+                break
             finally:
                 client.busy = False
                 client.query_buffered = parser.buffered()
-            if len(out):
-                chunks = out.take()
-                try:
-                    # Usually the whole batch of replies fits the socket buffer:
-                    # write it here and await only when it does not.
-                    sent = sock.send(chunks[0]) if len(chunks) == 1 else 0
-                    if len(chunks) > 1 or sent < len(chunks[0]):
-                        if len(chunks) == 1:
-                            chunks = [memoryview(chunks[0])[sent:]]
-                        sent += await send_chunks(sock, chunks)
-                except BlockingIOError:
-                    sent = await send_chunks(sock, chunks)
-                except OSError:
-                    break
-                stats.total_net_output_bytes += sent
-                stats.total_writes_processed += 1
             if server.shutting_down:
                 break
     finally:
         server.parsers.pop(client.id, None)
 
 
-def _run_buffered_requests(ctx: Context, parser: RequestParser, out: ReplyBuffer) -> Pending | None:
+async def _write(sock: socket.socket, out: ReplyBuffer, stats: Any) -> None:
+    """Write the buffered replies (OSError when the peer is gone)."""
+    if not len(out):
+        return
+    chunks = out.take()
+    try:
+        # Usually the whole batch of replies fits the socket buffer: write it
+        # here and await only when it does not.
+        sent = sock.send(chunks[0]) if len(chunks) == 1 else 0
+        if len(chunks) > 1 or sent < len(chunks[0]):
+            if len(chunks) == 1:
+                chunks = [memoryview(chunks[0])[sent:]]
+            sent += await send_chunks(sock, chunks)
+    except BlockingIOError:
+        sent = await send_chunks(sock, chunks)
+    stats.total_net_output_bytes += sent
+    stats.total_writes_processed += 1
+
+
+def _run_buffered_requests(ctx: Context, parser: RequestParser, out: ReplyBuffer) -> Pending | _Flush | None:
     """Run the complete requests buffered, in order, encoding replies into ``out``.
 
     Stops at a command whose handler is async and returns it for the caller
     to await (a plain function keeps the common, all-sync batch free of
-    coroutine overhead).
+    coroutine overhead), and returns FLUSH when ``out`` has grown past
+    FLUSH_BYTES so the caller writes before running more.
     """
     client = ctx.client
     while not client.close_after_reply:
+        if len(out) >= FLUSH_BYTES:
+            return FLUSH
         try:
             argv = parser.next_command()
         except ProtocolError as error:

@@ -157,13 +157,18 @@ def open_unix_listener(path: str, perm: int, backlog: int) -> Listener:
     return Listener(sock, path, True)
 
 
+#: Linux refuses TCP_KEEPIDLE / TCP_KEEPINTVL above this (EINVAL).
+MAX_TCP_KEEPALIVE = 32767
+
+
 def _configure_client_socket(sock: stdlib_socket.socket, keepalive: int) -> None:
     sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_NODELAY, 1)
     if keepalive > 0:
         # Same probe schedule as Redis's anetKeepAlive: idle, then every idle/3, 3 probes.
+        idle = min(keepalive, MAX_TCP_KEEPALIVE)
         sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_KEEPALIVE, 1)
-        sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_KEEPIDLE, keepalive)
-        sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_KEEPINTVL, max(1, keepalive // 3))
+        sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_KEEPIDLE, idle)
+        sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_KEEPINTVL, max(1, idle // 3))
         sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_KEEPCNT, 3)
 
 
@@ -294,7 +299,13 @@ class Server:
             for listener in self._listeners:
                 listener.close()
             raise StartupError(f"Cannot create the block arena: {exc}") from exc
-        self._write_pidfile()
+        try:
+            self._write_pidfile()
+        except OSError as exc:
+            for listener in self._listeners:
+                listener.close()
+            self.prefix.close()
+            raise StartupError(f"Can't write the pidfile {self.config['pidfile']}: {exc.strerror}") from exc
         try:
             async with trio.open_nursery() as connections:
                 self._connection_nursery = connections
@@ -353,15 +364,20 @@ class Server:
                 except trio.ClosedResourceError:  # closed by a rebind
                     return
                 except OSError as exc:
-                    if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                        log.warning("Accepting client connection: %s", exc)
-                        await trio.sleep(0.1)
-                        continue
                     if exc.errno == errno.EBADF:  # the listener was closed by a rebind
                         return
-                    raise
-                sock.setblocking(False)
-                self._admit(sock, peer, listener)
+                    # Out of descriptors or memory, or a connection that died in the
+                    # backlog (ECONNABORTED, EPROTO, EPERM ...): never a reason to stop serving.
+                    log.warning("Accepting client connection: %s", exc)
+                    if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                        await trio.sleep(0.1)
+                    continue
+                try:
+                    sock.setblocking(False)
+                    self._admit(sock, peer, listener)
+                except OSError as exc:  # the peer vanished while we set the socket up
+                    log.warning("Setting up client connection: %s", exc)
+                    sock.close()
 
     def _admit(self, sock: stdlib_socket.socket, peer: Any, listener: Listener) -> None:
         """The checks Redis makes on accept: maxclients, then protected mode."""
@@ -397,6 +413,8 @@ class Server:
             client.kill = scope.cancel
             try:
                 await serve_connection(self, sock, client)
+            except Exception:  # a bug must cost this connection, never the server
+                log.exception("Closing client id=%d addr=%s after an internal error", client.id, client.addr)
             finally:
                 self.clients.remove(client)
                 sock.close()

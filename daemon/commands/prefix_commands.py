@@ -9,9 +9,10 @@ Replies are maps: RESP3 maps, flat name/value arrays under RESP2.
 
 from __future__ import annotations
 
-import sys
 from array import array
 from typing import Any
+
+import numpy as np
 
 from pfxcache.protocol.replies import Error
 
@@ -65,21 +66,24 @@ def parse_tokens(argv: list[bytes], position: int, max_tokens: int) -> tuple[byt
     if keyword != b"TOKENS":
         raise ArgumentError(f"ERR expected TOKENS or PACKED, got '{_show(argv[position])}'")
     end = position + 1
-    while end < len(argv) and _is_decimal(argv[end]):
+    # Stop scanning one past the limit: a huge TOKENS list is refused without being read.
+    stop = min(len(argv), position + 1 + max_tokens + 1)
+    while end < stop and _is_decimal(argv[end]):
         end += 1
     count = end - position - 1
     if count > max_tokens:
-        raise ArgumentError(f"ERR prompt of {count} tokens is over prompt-max-tokens ({max_tokens})")
+        raise ArgumentError(f"ERR prompt of more than prompt-max-tokens ({max_tokens}) tokens")
+    if not count:
+        return b"", end
     try:
-        values = array("I", [int(raw) for raw in argv[position + 1 : end]])
-    except OverflowError:
+        # One C-level conversion of the whole list (each argument is already known to be decimal).
+        values = np.array(argv[position + 1 : end]).astype(np.int64)
+    except (OverflowError, ValueError):
+        values = None
+    if values is None or values.min() < 0 or values.max() > UINT32_MAX:
         bad = next(raw for raw in argv[position + 1 : end] if not 0 <= int(raw) <= UINT32_MAX)
-        raise ArgumentError(f"ERR token id '{_show(bad)}' is not an unsigned 32-bit integer") from None
-    if values.itemsize != 4:  # pragma: no cover - every supported platform has a 4-byte 'I'
-        raise ArgumentError("ERR this platform has no 4-byte unsigned int array type")
-    if sys.byteorder != "little":  # pragma: no cover - the wire format is little-endian
-        values.byteswap()
-    return values.tobytes(), end
+        raise ArgumentError(f"ERR token id '{_show(bad)}' is not an unsigned 32-bit integer")
+    return values.astype("<u4").tobytes(), end
 
 
 def _ttl(argv: list[bytes], position: int) -> int:
@@ -133,15 +137,21 @@ async def pfxget(ctx: Any, argv: list[bytes]) -> Any:
     owner = ctx.client.id
     lock = service.locks[store.shard_of(namespace, tokens)]
     async with lock.read():
-        # WITHDATA without a lease still needs a pin while the bytes are copied out.
-        result = store.match(namespace, tokens, lease=lease or with_data, ttl_ms=ttl_ms, owner=owner)
+        # WITHDATA pins the pages while their bytes are copied out, with no deadline:
+        # lease expiry must not free (and reuse) blocks under the copy. The lease the
+        # caller asked for gets its TTL once the copy is done.
+        result = store.match(namespace, tokens, lease=lease or with_data, ttl_ms=0 if with_data else ttl_ms,
+                             owner=owner)
     reply = {"matched": result.matched_tokens, "lease": result.lease_id if lease else 0, "blocks": _ids(result.blocks)}
     if with_data:
         try:
             reply["data"] = await service.copy_out(result.blocks)
         finally:
-            if not lease and result.lease_id:
-                store.release([result.lease_id], owner)
+            if result.lease_id:
+                if lease:
+                    store.renew(result.lease_id, owner, ttl_ms)
+                else:
+                    store.release([result.lease_id], owner)
     return reply
 
 

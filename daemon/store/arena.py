@@ -9,6 +9,7 @@ loop per block.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 from collections.abc import Iterable, Sequence
@@ -148,6 +149,12 @@ class ShmArena(Arena):
         try:
             if create:
                 os.ftruncate(fd, size)
+                # Really reserve the memory now: a sparse file on a tmpfs smaller than
+                # maxmemory would make a later write into the mapping die of SIGBUS.
+                os.posix_fallocate(fd, 0, size)
+                # Held for the daemon's life: cleanup_stale() in another daemon, even in
+                # another PID namespace sharing /dev/shm, then knows the file is in use.
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             elif os.fstat(fd).st_size < size:
                 raise ValueError(f"{self.path} is smaller than {size} bytes")
             mapping = mmap.mmap(fd, size)
@@ -156,7 +163,11 @@ class ShmArena(Arena):
             if create:
                 os.unlink(self.path)
             raise
-        os.close(fd)  # the mapping keeps the memory; the descriptor is not needed
+        if create:
+            self._lock_fd = fd
+        else:
+            self._lock_fd = None
+            os.close(fd)  # the mapping keeps the memory; the descriptor is not needed
         super().__init__(mapping, block_bytes, nblocks, name=name)
 
     @classmethod
@@ -185,6 +196,9 @@ class ShmArena(Arena):
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     @staticmethod
     def cleanup_stale(prefix: str = "pfxcache-", directory: str = SHM_DIR) -> list[str]:
@@ -200,11 +214,20 @@ class ShmArena(Arena):
             pid_text = name[len(prefix):].split("-", 1)[0]
             if not pid_text.isdigit() or _pid_alive(int(pid_text)):
                 continue
+            path = os.path.join(directory, name)
             try:
-                os.unlink(os.path.join(directory, name))
-                removed.append(name)
+                fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
+                continue
+            try:
+                # A live daemon holds its file locked, even one whose pid we cannot see.
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.unlink(path)
+                removed.append(name)
+            except (BlockingIOError, FileNotFoundError):
                 pass
+            finally:
+                os.close(fd)
         return removed
 
 

@@ -86,6 +86,12 @@ class LeaseTable:
             self._deadlines = [e for e in self._deadlines if e[1] in self._leases]
             heapq.heapify(self._deadlines)
 
+    def set_deadline(self, lease: Lease, deadline: float) -> None:
+        """Move a lease's deadline (earlier entries for it in the heap become stale)."""
+        lease.deadline = deadline
+        if deadline != math.inf:
+            heapq.heappush(self._deadlines, (deadline, lease.id))
+
     def of_owner(self, owner: int) -> list[Lease]:
         """The owner's active leases, oldest first."""
         return [self._leases[i] for i in self._by_owner.get(owner, ())]
@@ -95,9 +101,9 @@ class LeaseTable:
         out = []
         heap = self._deadlines
         while heap and heap[0][0] <= now:
-            _, lease_id = heapq.heappop(heap)
+            deadline, lease_id = heapq.heappop(heap)
             lease = self._leases.get(lease_id)
-            if lease is not None:
+            if lease is not None and lease.deadline == deadline:  # else: ended, or renewed since
                 out.append(lease)
         return out
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import zlib
+from collections import OrderedDict
 
 _COMPACT_SLACK = 64
 HYBRID_BUCKETS = 33  # freq.bit_length() of 0 .. 2**32-1, capped
@@ -139,7 +141,88 @@ class HybridPolicy:
         return [e[-1] for heap in self._buckets for e in heap if e[-2] == e[-1].version]
 
 
-POLICIES = {cls.name: cls for cls in (LRUPolicy, LFUPolicy, HybridPolicy)}
+GHOST_MIN = 4096  # ghost entries kept at least (first-page hashes of evicted leaves)
+GHOST_PER_LEAF = 4  # ... and up to this many per indexed leaf
+GHOST_MAX = 1 << 18  # ... but never more (about 25 MB of dict per policy instance)
+THRASH_ALPHA = 0.01  # weight of one observation in the thrashing estimate (an EWMA)
+THRASH_ON = 0.5  # insert cold leaves at the LRU end while the estimate is above this
+BIMODAL_SHARE = 1 << 27  # crc32 below this (1 in 32 leaves) still goes in at the MRU end
+
+
+class GhostPolicy(HeapPolicy):
+    """LRU with ghost-guided bimodal insertion: scan- and thrash-resistant, O(log n).
+
+    One lazy heap like LRU, but a leaf that nothing marks as valuable may be
+    placed at the LRU end (key = the key of the last victim) instead of the
+    MRU end, so it is the next to go unless it is hit first. That is the
+    bimodal insertion of Qureshi et al. (ISCA 2007) adapted to a prefix tree:
+
+    * a leaf is a *continuation* when its parent is private to it (the
+      parent's only child, not the root) and was hit (a multi-turn
+      conversation going on), or when the hash of its first page is in the
+      *ghost*: the first pages of recently evicted leaves (a prefix that was
+      cached, evicted too early, and is back). Continuations always go to the
+      MRU end;
+    * the other new leaves go to the LRU end only while the cache *thrashes*:
+      an EWMA over continuations of "it came back through the ghost" (1) vs
+      "it came back as a hit" (0) is above 1/2. A cache that holds its
+      working set sees continuations as hits and behaves exactly like LRU;
+    * even then 1 leaf in 32 (by its first page's crc32) goes in at the MRU
+      end, so new content keeps a way in.
+
+    Priorities depend only on the order of events (never on clock values), so
+    replays through the daemon and in process agree. The ghost is bounded:
+    max(4096, min(4 x indexed leaves, 2**18)) crc32 values, oldest dropped first.
+    """
+
+    name = "ghost"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._floor = None  # key of the last victim: "the LRU end"
+        self._ghost: OrderedDict[int, None] = OrderedDict()
+        self.thrash = 0.0
+
+    @staticmethod
+    def _first_page(node) -> int:
+        return zlib.crc32(node.key[: node.tree.page_bytes])
+
+    @staticmethod
+    def _continues(node) -> bool:
+        parent = node.parent
+        return (parent is not None and parent.parent is not None and parent.freq > 0
+                and len(parent.children) == 1)
+
+    def push(self, node) -> None:
+        key = node.last_access
+        if node.freq == 0 and not node.children:  # a leaf never hit: just stored (or a cold parent)
+            h = self._first_page(node)
+            ghost = h in self._ghost
+            continues = self._continues(node)
+            if ghost or continues:
+                self.thrash += THRASH_ALPHA * ((0.0 if continues else 1.0) - self.thrash)
+            elif self.thrash > THRASH_ON and self._floor is not None and h >= BIMODAL_SHARE:
+                key = self._floor
+        heapq.heappush(self._heap, (key, next(self._seq), node.version, node))
+        self.live += 1
+
+    def peek(self, now: float):
+        node = super().peek(now)
+        if node is not None:
+            key = self._heap[0][0]
+            if self._floor is None or key > self._floor:
+                self._floor = key
+            h = self._first_page(node)
+            if h not in self._ghost:
+                ghost = self._ghost
+                ghost[h] = None
+                limit = max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX))
+                while len(ghost) > limit:
+                    ghost.popitem(last=False)
+        return node
+
+
+POLICIES = {cls.name: cls for cls in (LRUPolicy, LFUPolicy, HybridPolicy, GhostPolicy)}
 
 
 class EvictionIndex:
@@ -178,6 +261,12 @@ class EvictionIndex:
         node.evictable = False
         self.all.drop()
         self.scopes[node.tree.scope].drop()
+
+    def forget_scope(self, scope: bytes) -> None:
+        """Drop the (empty) index of a namespace that no longer exists."""
+        index = self.scopes.get(scope)
+        if index is not None and not index.live:
+            del self.scopes[scope]
 
     def best(self, now: float, scope: bytes | None = None):
         """The next victim, globally or within one scope; None when nothing is evictable."""

@@ -290,8 +290,11 @@ class PrefixStore:
             k = min(n - evicted, len(node.blocks))
             tree = node.tree
             self._alloc.release(tree.trim(node, k))
-            self._ns[tree.scope].evictions += k
+            rec = self._ns[tree.scope]
+            rec.evictions += k
             evicted += k
+            if not tree.pages:
+                self._retire_if_empty(rec)
         self.evictions += evicted
         return evicted
 
@@ -416,6 +419,9 @@ class PrefixStore:
         tree.pin(node)
         plan = InsertPlan(next(self._plan_ids), name, shard, owner, tree, node, tokens, npages, off, cached,
                           self.block_bytes)
+        # Registered before allocating: the evictions _reserve may cause must see the plan,
+        # or they could retire this (still empty) namespace under it.
+        self._plans[plan.id] = plan
         if given is None:
             plan.new_blocks = self._reserve(new)
         else:
@@ -426,7 +432,6 @@ class PrefixStore:
             plan.sources = [lease.id for _, lease in given]
             plan.dup_blocks = ids[: cached - off]
             plan.new_blocks = ids[cached - off :]
-        self._plans[plan.id] = plan
         return plan
 
     def commit_insert(self, plan: InsertPlan) -> InsertResult:
@@ -467,7 +472,9 @@ class PrefixStore:
         rec.stored += stored
         self.inserts += 1
         self.stored += stored
-        return InsertResult(stored, plan.npages - plan.offset_pages - stored, tree.path_blocks(end))
+        result = InsertResult(stored, plan.npages - plan.offset_pages - stored, tree.path_blocks(end))
+        self._retire_if_empty(rec)  # an insert of no whole page leaves no key behind
+        return result
 
     def abort_insert(self, plan: InsertPlan) -> None:
         """Undo begin_insert: unpin, free DATA-mode blocks, give BLOCKS-mode blocks back to their leases
@@ -489,6 +496,9 @@ class PrefixStore:
                     self._leased_by[b] = lease_id
             self._alloc.release(orphans)
         plan.tree.unpin(plan.node)
+        rec = self._ns.get(plan.ns)
+        if rec is not None:
+            self._retire_if_empty(rec)
 
     def insert(self, ns, tokens, *, offset: int = 0, data=None, blocks=None, owner: int = 0) -> InsertResult:
         """begin_insert + arena.write + commit_insert in one call.
@@ -522,8 +532,8 @@ class PrefixStore:
             self.expire()
             if not self._fits(n):
                 raise self._oom(n)
+        blocks = self._reserve(n)  # first: its evictions may retire this namespace if it is empty
         rec = self._namespace(name)
-        blocks = self._reserve(n)
         lease = self._leases.new(owner, ALLOC, name, deadline, None, dict.fromkeys(blocks))
         for b in blocks:
             self._leased_by[b] = lease.id
@@ -534,7 +544,8 @@ class PrefixStore:
 
     def _end(self, lease: Lease) -> None:
         self._leases.remove(lease)
-        self._ns[lease.scope].leases -= 1
+        rec = self._ns[lease.scope]
+        rec.leases -= 1
         if lease.kind == READ:
             lease.node.tree.unpin(lease.node)
         else:
@@ -542,6 +553,20 @@ class PrefixStore:
             for b in freed:
                 del self._leased_by[b]
             self._alloc.release(freed)
+        self._retire_if_empty(rec)
+
+    def renew(self, lease_id: int, owner: int, ttl_ms: int | None = None) -> bool:
+        """Give a lease of ``owner`` a new deadline, ``ttl_ms`` from now (None: lease-ttl, 0: none).
+
+        The daemon takes the pin that protects a WITHDATA copy with no deadline,
+        so expiry cannot free blocks mid-copy, and sets the lease's real
+        deadline once the copy is done. False when the lease is gone.
+        """
+        lease = self._leases.get(lease_id)
+        if lease is None or lease.owner != owner:
+            return False
+        self._leases.set_deadline(lease, self._deadline(ttl_ms))
+        return True
 
     def release(self, lease_ids, owner: int) -> int:
         """End the given leases of ``owner``; returns how many (others' and unknown ids count 0)."""
@@ -634,11 +659,12 @@ class PrefixStore:
         """Forget a namespace that holds no page, lease or insert in flight (its counters stay in the totals)."""
         if rec.leases or any(tree.pages for tree in rec.trees.values()):
             return
-        if any(plan.ns == rec.name for plan in self._plans.values()):
+        if self._ns.get(rec.name) is not rec or any(plan.ns == rec.name for plan in self._plans.values()):
             return
         for field in ("hits", "misses", "evictions", "inserts", "stored"):
             setattr(self._retired, field, getattr(self._retired, field) + getattr(rec, field))
         del self._ns[rec.name]
+        self._index.forget_scope(rec.name)
 
     def flush(self) -> EvictResult:
         """Drop every unpinned page of every namespace."""
@@ -707,7 +733,7 @@ class PrefixStore:
             "pages": t.pages, "pinned_pages": t.pages - t.unpinned, "evictable_pages": t.unpinned,
             "hits_tokens": self.hits, "misses_tokens": self.misses, "hit_rate": self._rate(self.hits, self.misses),
             "evictions": self.evictions, "inserts": self.inserts, "stored_pages": self.stored,
-            "leases": len(self._leases), "inserts_in_progress": len(self._plans), "namespaces": len(self.namespaces()),
+            "leases": len(self._leases), "inserts_in_progress": len(self._plans), "namespaces": len(self._ns),
         }
 
     def info(self) -> dict:

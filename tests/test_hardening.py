@@ -1,0 +1,91 @@
+"""Regressions from a review: what must never take the daemon down or let it grow without bound."""
+
+from __future__ import annotations
+
+import glob
+import socket
+import subprocess
+import sys
+import time
+
+import redis
+
+from support import RawClient, encode_command
+from pfxcache.daemon.store import MemoryArena, PrefixStore
+
+
+def test_huge_tcp_keepalive_does_not_kill_the_server(fresh_daemon):
+    daemon = fresh_daemon()
+    client = redis.Redis(host=daemon.host, port=daemon.port)
+    assert client.config_set("tcp-keepalive", 40000)  # Linux refuses TCP_KEEPIDLE > 32767
+    client.close()
+    for _ in range(3):
+        with RawClient(daemon.address) as raw:
+            assert raw.call_raw("PING") == b"+PONG\r\n"
+    assert daemon.proc.poll() is None
+
+
+def test_unread_pipelined_withdata_replies_are_not_all_buffered(fresh_daemon):
+    daemon = fresh_daemon("--page-size", "1", "--block-bytes", "1mb", "--maxmemory", "32mb",
+                          "--evict-low-watermark", "0")
+    admin = redis.Redis(host=daemon.host, port=daemon.port)
+    tokens = [str(t) for t in range(16)]
+    admin.execute_command("PFXSET", "big", "TOKENS", *tokens, "DATA", b"x" * (16 << 20))
+    before = admin.info("memory")["used_memory_rss"]
+    hog = socket.create_connection(daemon.address)
+    hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    request = encode_command("PFXGET", "big", "TOKENS", *tokens, "NOLEASE", "WITHDATA")
+    hog.sendall(request * 40)  # 40 x 16 MiB of replies, none of them read
+    time.sleep(1.5)
+    grown = admin.info("memory")["used_memory_rss"] - before
+    assert admin.ping()  # the daemon still serves others
+    hog.close()
+    admin.close()
+    # Without backpressure this is ~640 MiB; with it, about one reply plus the flush threshold.
+    assert grown < 120 * 2**20, grown
+
+
+def test_bad_pidfile_is_a_clean_startup_error_that_leaves_no_arena(tmp_path):
+    name = f"pfxtest{int(time.time() * 1000) % 10**9}"
+    result = subprocess.run(
+        [sys.executable, "-m", "pfxcache.daemon", "--port", "0", "--arena-name", name,
+         "--pidfile", str(tmp_path / "missing-dir" / "x.pid")],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 1
+    assert "pidfile" in result.stdout + result.stderr and "Traceback" not in result.stdout + result.stderr
+    assert glob.glob(f"/dev/shm/{name}-*") == []
+
+
+def test_empty_namespaces_do_not_accumulate(fresh_daemon):
+    daemon = fresh_daemon("--page-size", "4", "--block-bytes", "16")
+    client = redis.Redis(host=daemon.host, port=daemon.port)
+    pipe = client.pipeline(transaction=False)
+    for i in range(300):
+        pipe.execute_command("PFXSET", f"k{i}", "TOKENS", "1", "DATA", b"")  # no whole page
+        pipe.execute_command("PFXGET", f"ghost{i}", "TOKENS", "1", "2", "3", "4")  # a miss
+    pipe.execute()
+    for i in range(50):
+        lease = client.execute_command("PFXALLOC", f"a{i}", 1)
+        client.execute_command("PFXRELEASE", lease[b"lease"] if isinstance(lease, dict) else lease[1])
+    info = client.execute_command("PFXINFO")
+    stats = info[b"stats"] if isinstance(info, dict) else None
+    assert client.dbsize() == 0
+    assert stats is None or stats[b"namespaces"] == 0
+    client.close()
+
+
+def test_a_copy_pin_without_deadline_outlives_expiry_and_gets_its_ttl_after():
+    now = [0.0]
+    store = PrefixStore(MemoryArena(4, 8), page_size=1, shards=1, clock=lambda: now[0])
+    store.insert(b"a", b"\x01\x00\x00\x00\x02\x00\x00\x00", data=b"AAAABBBB")
+    pinned = store.match(b"a", b"\x01\x00\x00\x00\x02\x00\x00\x00", ttl_ms=0, owner=1)  # as WITHDATA pins
+    now[0] += 3600
+    assert store.expire() == 0  # no deadline: the copy cannot lose its pages
+    assert store.renew(pinned.lease_id, 1, 1000)  # the copy is done: the lease gets its TTL
+    assert not store.renew(pinned.lease_id, 2, 1000)  # only its owner may
+    now[0] += 0.5
+    assert store.expire() == 0
+    now[0] += 1.0
+    assert store.expire() == 1
+    assert store.check() == []
