@@ -35,16 +35,16 @@ EXPECTED_FILES = {
     "config-get", "config-help", "config-resetstat", "config-rewrite", "config-set",
     "dbsize", "echo", "flushall", "flushdb", "hello", "info", "ping", "quit", "reset",
     "select", "shutdown", "time",
-    "pfxget", "pfxset", "pfxalloc", "pfxrelease", "pfxevict", "pfxinfo",
+    "pfxget", "pfxset", "pfxalloc", "pfxrelease", "pfxevict", "pfxinfo", "pfxcheck",
 }
-#: Top-level commands: 16 of Redis's, 6 of ours.
-TOP_LEVEL = 22
+#: Top-level commands: 16 of Redis's, 7 of ours.
+TOP_LEVEL = 23
 
 #: Rows we ship that redis-server 7.0.15 does not have: both were added in 7.2.
 ONLY_OURS = {
     "client|setinfo": "added in Redis 7.2 (redis-py sends it on connect)",
     "client|no-touch": "added in Redis 7.2",
-    **{name: "pfxcache's own command" for name in ("pfxget", "pfxset", "pfxalloc", "pfxrelease", "pfxevict", "pfxinfo")},
+    **{name: "pfxcache's own command" for name in ("pfxget", "pfxset", "pfxalloc", "pfxrelease", "pfxevict", "pfxinfo", "pfxcheck")},
 }
 
 
@@ -263,7 +263,7 @@ def test_command_handlers(table: CommandTable) -> None:
     admin = set(introspection.command_list_(ctx, [b"command", b"list", b"filterby", b"aclcat", b"ADMIN"]))
     assert admin == {
         "client|kill", "client|list", "client|no-evict", "config|get", "config|resetstat",
-        "config|rewrite", "config|set", "shutdown",
+        "config|rewrite", "config|set", "shutdown", "pfxcheck",
     }
     assert introspection.command_list_(ctx, [b"command", b"list", b"filterby", b"aclcat", b"@admin"]) == []
     assert introspection.command_list_(ctx, [b"command", b"list", b"filterby", b"module", b"x"]) == []

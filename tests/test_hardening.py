@@ -89,3 +89,32 @@ def test_a_copy_pin_without_deadline_outlives_expiry_and_gets_its_ttl_after():
     now[0] += 1.0
     assert store.expire() == 1
     assert store.check() == []
+
+
+def test_pfxcheck_answers_ok_on_a_consistent_store_and_lists_violations(fresh_daemon):
+    daemon = fresh_daemon("--page-size", "1", "--block-bytes", "4")
+    client = redis.Redis(host=daemon.host, port=daemon.port)
+    assert client.execute_command("PFXCHECK") == b"OK"
+    client.execute_command("PFXSET", "a", "TOKENS", "1", "2", "DATA", b"x" * 8)
+    client.execute_command("PFXALLOC", "a", 2)
+    client.execute_command("PFXGET", "a", "TOKENS", "1", "2")
+    assert client.execute_command("PFXCHECK") == b"OK"
+    with RawClient(daemon.address) as raw:
+        assert raw.call_raw("PFXCHECK", "x") == b"-ERR wrong number of arguments for 'pfxcheck' command\r\n"
+    info = client.execute_command("COMMAND", "INFO", "PFXCHECK")[0]
+    assert b"admin" in info[2]
+    client.close()
+
+    # A corrupted store: the handler lists what is wrong as one -ERR line.
+    from types import SimpleNamespace
+
+    from pfxcache.daemon.commands.prefix_commands import pfxcheck
+    from pfxcache.protocol.replies import Error
+
+    store = PrefixStore(MemoryArena(4, 8), page_size=1, shards=1)
+    ctx = SimpleNamespace(server=SimpleNamespace(prefix=SimpleNamespace(store=store)))
+    assert not isinstance(pfxcheck(ctx, [b"PFXCHECK"]), Error)
+    store._leased_by[0] = 12345
+    reply = pfxcheck(ctx, [b"PFXCHECK"])
+    assert isinstance(reply, Error)
+    assert reply.message.startswith("ERR store check failed, 1 violation(s): lease index maps block 0")

@@ -1,4 +1,5 @@
-"""The prefix cache commands: PFXGET, PFXSET, PFXALLOC, PFXRELEASE, PFXEVICT, PFXINFO.
+"""The prefix cache commands: PFXGET, PFXSET, PFXALLOC, PFXRELEASE, PFXEVICT, PFXINFO,
+and PFXCHECK (verifies the store's invariants, like Redis's DEBUG family).
 
 Argument grammar (the rows in ``defs/pfx*.json`` document it for COMMAND DOCS):
 tokens are ``TOKENS t1 t2 ...`` (decimal uint32, the list ends at the first
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from pfxcache.protocol.replies import Error
+from pfxcache.protocol.replies import OK, Error
 
 from ..store.errors import StoreError
 from . import handles
@@ -270,3 +271,15 @@ def pfxinfo(ctx: Any, argv: list[bytes]) -> Any:
         return Error("ERR wrong number of arguments for 'pfxinfo' command")
     service = _service(ctx)
     return service.describe(argv[1] if len(argv) == 2 else None)
+
+
+@handles("pfxcheck")
+def pfxcheck(ctx: Any, argv: list[bytes]) -> Any:
+    """Verify every invariant of the store (like Redis's DEBUG family): +OK or -ERR listing the violations."""
+    problems = _service(ctx).store.check()
+    if not problems:
+        return OK
+    shown = problems[:20]
+    more = f" (and {len(problems) - len(shown)} more)" if len(problems) > len(shown) else ""
+    text = "; ".join(p.replace("\r", " ").replace("\n", " ") for p in shown)
+    return Error(f"ERR store check failed, {len(problems)} violation(s): {text}{more}")

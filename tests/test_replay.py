@@ -1,0 +1,136 @@
+"""scripts/replay: trace formats, the Mooncake token mapping, Belady's bound, store vs daemon mode, --json."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.machinery
+import importlib.util
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "replay"
+
+
+def _load():
+    loader = importlib.machinery.SourceFileLoader("pfx_replay", str(SCRIPT))
+    spec = importlib.util.spec_from_loader("pfx_replay", loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["pfx_replay"] = module
+    loader.exec_module(module)
+    return module
+
+
+replay = _load()
+B = 16  # tokens per block/page in these tests: small and fast
+
+
+@pytest.fixture(scope="module")
+def small_trace():
+    return replay.generate_sessions(seed=3, sessions=40, system_prompts=4, concurrent=10, block_tokens=B)
+
+
+def test_mooncake_tokens_mapping():
+    a = replay.mooncake_tokens([7, 8, 9], 2 * 512 + 100)
+    b = replay.mooncake_tokens([7, 8, 10, 11], 4 * 512)
+    assert a.dtype == np.uint32 and len(a) == 1124 and len(b) == 2048
+    assert np.array_equal(a[:1024], b[:1024])  # shared hash ids share the token prefix
+    assert not np.array_equal(a[1024:1124], b[1024:1124])  # then they differ
+    assert np.array_equal(a[:512], (7 * 512 + np.arange(512)).astype(np.uint32))
+    assert np.array_equal(a[1024:], (9 * 512 + np.arange(100)).astype(np.uint32))  # partial last block: its start
+    big = replay.mooncake_tokens([2**40], 512)
+    assert int(big[0]) == (2**40 * 512) & 0xFFFFFFFF
+    with pytest.raises(ValueError):
+        replay.mooncake_tokens([1, 2], 512)  # 2 blocks need more than 512 tokens
+    with pytest.raises(ValueError):
+        replay.mooncake_tokens([1], 513)
+
+
+def test_read_mooncake_and_per_file_namespaces(tmp_path):
+    f1, f2 = tmp_path / "c1.jsonl", tmp_path / "c2.jsonl"
+    f1.write_text('{"timestamp": 0, "input_length": 20, "hash_ids": [0, 1]}\n'
+                  '{"timestamp": 5, "input_length": 40, "hash_ids": [0, 1, 2]}\n')
+    f2.write_text('{"timestamp": 3, "input_length": 20, "hash_ids": [0, 1]}\n')
+    shared = replay.read_trace([f1, f2], "mooncake", False, block_tokens=B)
+    assert [r.timestamp for r in shared.requests] == [0, 3, 5]  # merged by timestamp
+    assert {r.namespace for r in shared.requests} == {"replay"}
+    split = replay.read_trace([f1, f2], "mooncake", True, block_tokens=B)
+    assert [r.namespace for r in split.requests] == ["c1", "c2", "c1"]
+    one = replay.replay_store(shared, "lru", 100, B, quiet=True)
+    two = replay.replay_store(split, "lru", 100, B, quiet=True)
+    # one namespace: c2's request and c1's second hit page 0 (block 1 was always partial, never cached)
+    assert one["hit_tokens"] == 2 * B
+    assert two["hit_tokens"] == B  # per file: only c1's second request hits (its own first one's page 0)
+    assert one["input_tokens"] == two["input_tokens"] == 80
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input_length": 50, "hash_ids": [0, 1]}\n')
+    with pytest.raises(ValueError):
+        replay.read_trace([bad], "mooncake", False, block_tokens=B)
+
+
+def test_tokens_format(tmp_path):
+    f = tmp_path / "t.jsonl"
+    base = list(range(100, 100 + 2 * B))
+    f.write_text("\n".join(json.dumps(o) for o in (
+        {"tokens": base + [1, 2, 3]},
+        {"tokens": base + [4] * B},
+        {"tokens": base, "namespace": "other"},
+    )) + "\n")
+    trace = replay.read_trace([f], "tokens", False)
+    assert [r.input_tokens for r in trace.requests] == [2 * B + 3, 3 * B, 2 * B]
+    assert [r.namespace for r in trace.requests] == ["replay", "replay", "other"]
+    result = replay.replay_store(trace, "lru", 50, B, quiet=True)
+    assert result["hit_tokens"] == 2 * B  # the 2nd hits 2 pages; the other namespace shares nothing
+    chains = replay.page_chains(trace, B)
+    assert chains[0] == chains[1][:2] and chains[2][0] not in chains[0]
+
+
+def test_belady_bounds_every_policy(small_trace):
+    chains = replay.page_chains(small_trace, B)
+    for cap in (20, 60, 200):
+        bound = replay.belady(small_trace, chains, cap, B, quiet=True)["hit_rate"]
+        for policy in ("lru", "lfu", "hybrid", "ghost"):
+            assert replay.replay_store(small_trace, policy, cap, B, quiet=True)["hit_rate"] <= bound + 1e-12
+    unlimited = replay.belady(small_trace, chains, replay.UNLIMITED, B, quiet=True)["hit_rate"]
+    assert unlimited == replay.replay_store(small_trace, "lru", replay.UNLIMITED, B, quiet=True)["hit_rate"]
+
+
+def test_store_and_daemon_modes_agree(small_trace):
+    runner = replay.DaemonRunner(None, 16)
+    for policy in ("lru", "ghost"):
+        store = replay.replay_store(small_trace, policy, 64, B, quiet=True)
+        daemon = runner.run(small_trace, policy, 64, B, 16, quiet=True)
+        assert store["hit_tokens"] == daemon["hit_tokens"], policy
+        assert 0 < store["hit_rate"] < 1
+
+
+def test_capacities_parse():
+    assert replay.parse_capacity("1000", 64) == 1000
+    assert replay.parse_capacity("1kib", 64) == 16
+    assert replay.parse_capacity("64gb", 64 * 2**20) == 953
+    assert replay.parse_capacity("unlimited", 1) == replay.UNLIMITED
+    with pytest.raises(ValueError):
+        replay.parse_capacity("12parsecs", 1)
+
+
+def test_json_output(tmp_path):
+    out = io.StringIO()
+    save = tmp_path / "gen.jsonl"
+    with contextlib.redirect_stdout(out):
+        code = replay.main(["--generate", "sessions", "--sessions", "15", "--block-tokens", str(B), "--json",
+                            "--no-plot", "--quiet", "--capacities", "30,unlimited", "--policies", "lru,ghost",
+                            "--save", str(save)])
+    assert code == 0
+    doc = json.loads(out.getvalue())
+    assert doc["policies"] == ["lru", "ghost"] and doc["capacities"] == ["30", "unlimited"]
+    for name in ("lru", "ghost", "belady"):
+        for cap in ("30", "unlimited"):
+            row = doc["results"][name][cap]
+            assert 0 <= row["hit_rate"] <= 1 and row["input_tokens"] == doc["input_tokens"]
+    # the saved trace replays to the same figures
+    again = replay.read_trace([save], "mooncake", False, block_tokens=B)
+    assert replay.replay_store(again, "lru", 30, B, quiet=True)["hit_tokens"] == doc["results"]["lru"]["30"]["hit_tokens"]
