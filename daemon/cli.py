@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     logs.configure(config["loglevel"], config["logfile"])
     logs.log.info("pfxcached %s starting (Redis %s compatible), pid=%d", __version__, REDIS_COMPAT_VERSION, os.getpid())
-    server = Server(config)
     try:
+        server = Server(config)
         trio.run(server.serve)
     except StartupError as exc:
         logs.log.warning("%s", exc)

@@ -62,6 +62,7 @@ __all__ = [
     "AddressList",
     "Save",
     "Directory",
+    "OutputBufferLimits",
     "DIRECTIVES",
     "Config",
     "REWRITE_SIGNATURE",
@@ -238,6 +239,10 @@ class Kind:
 
     def parse(self, args: Sequence[str], d: Directive) -> Any:
         raise NotImplementedError
+
+    def parse_over(self, old: Any, args: Sequence[str], d: Directive) -> Any:
+        """Parse a new value given the current one (kinds that change only part of it use ``old``)."""
+        return self.parse(args, d)
 
     def show(self, value: Any) -> str:
         return str(value)
@@ -473,6 +478,61 @@ class Directory(Kind):
         return "a directory path"
 
 
+#: The client classes of client-output-buffer-limit, in CONFIG GET order; "replica" is "slave".
+OUTPUT_BUFFER_CLASSES = ("normal", "slave", "pubsub")
+
+
+@dataclass(frozen=True, slots=True)
+class OutputBufferLimits(Kind):
+    """Redis's ``client-output-buffer-limit <class> <hard> <soft> <soft-seconds> [...]``.
+
+    The typed value is one ``(hard, soft, soft_seconds)`` triple per class of
+    :data:`OUTPUT_BUFFER_CLASSES` (normal, slave, pubsub); 0 means no limit.
+    As in Redis, a line or a CONFIG SET value changes only the classes it
+    names (``replica`` is ``slave``; ``master`` is refused), sizes take memory
+    units (``1mb``), and the whole value is refused on any error.
+    pfxcached enforces the normal class (it has no replicas or subscribers).
+    """
+
+    multi_arg = True
+
+    def parse(self, args: Sequence[str], d: Directive) -> tuple[tuple[int, int, int], ...]:
+        return self.parse_over(d.initial(), args, d)
+
+    def parse_over(self, old: Any, args: Sequence[str], d: Directive) -> tuple[tuple[int, int, int], ...]:
+        if len(args) == 1 and args[0] == "":
+            args = ()
+        if len(args) % 4:
+            raise ValueError("Wrong number of arguments in buffer limit configuration.")
+        limits = list(old)
+        for j in range(0, len(args), 4):
+            name = _lower(args[j])
+            name = "slave" if name == "replica" else name
+            if name not in OUTPUT_BUFFER_CLASSES:
+                raise ValueError("Invalid client class specified in buffer limit configuration.")
+            hard, soft = memtoull(args[j + 1]), memtoull(args[j + 2])
+            seconds, consumed, _ = _strtoll(args[j + 3], 10)
+            if hard is None or soft is None or seconds < 0 or not consumed:
+                raise ValueError("Error in hard, soft or soft_seconds setting in buffer limit configuration.")
+            limits[OUTPUT_BUFFER_CLASSES.index(name)] = (hard, soft, seconds)
+        return tuple(limits)
+
+    def show(self, value: Sequence[Sequence[int]]) -> str:
+        return " ".join(
+            f"{name} {hard} {soft} {seconds}" for name, (hard, soft, seconds) in zip(OUTPUT_BUFFER_CLASSES, value)
+        )
+
+    def conf(self, value: Sequence[Sequence[int]]) -> str:
+        return " ".join(
+            f"{name} {format_memory(hard)} {format_memory(soft)} {seconds}"
+            for name, (hard, soft, seconds) in zip(OUTPUT_BUFFER_CLASSES, value)
+        )
+
+    def describe(self, d: Directive) -> str:
+        return ("groups of <class> <hard limit> <soft limit> <soft seconds>, class normal, replica (slave) "
+                "or pubsub, limits in bytes with optional units (0: no limit)")
+
+
 # ---------------------------------------------------------------------------
 # The table.
 # ---------------------------------------------------------------------------
@@ -575,11 +635,25 @@ DIRECTIVES: tuple[Directive, ...] = (
         doc="Most bytes of not yet executed input one client may have buffered; "
         "a client going past it is disconnected.",
     ),
+    Directive(
+        name="client-output-buffer-limit", kind=OutputBufferLimits(),
+        default=((0, 0, 0), (256 * 1024**2, 64 * 1024**2, 60), (32 * 1024**2, 8 * 1024**2, 60)),
+        doc="Disconnect a client that does not read its replies: once the reply bytes the daemon "
+        "holds for it (not yet accepted by the socket) exceed the hard limit, or stay above the soft "
+        "limit for soft-seconds. As in Redis, \"normal 0 0 0\" (the default) sets no limit; only the "
+        "normal class applies to pfxcached (slave and pubsub are accepted and shown for compatibility).",
+    ),
     # --- security ---
     Directive(
         name="requirepass", kind=String(), default="",
         doc="Password that clients must give with AUTH before other commands; \"\" disables "
         "authentication. As in Redis, CONFIG GET shows it: keep CONFIG away from untrusted clients.",
+    ),
+    Directive(
+        name="aclfile", kind=String(), default="", mutable=False,
+        doc="File of ACL users loaded at startup, in Redis's ACL file format: one "
+        "\"user <name> <rule> ...\" line per user, e.g. \"user alice on >secret ~tenant-a:* +@pfx -@admin\" "
+        "(blank lines and # comments are skipped). \"\" for none. A relative path is relative to dir.",
     ),
     # --- logging and process ---
     Directive(
@@ -777,9 +851,9 @@ class Config:
 
     # --- parsing ----------------------------------------------------------
 
-    def _parse(self, d: Directive, args: Sequence[str]) -> Any:
-        """Arguments -> typed value, or ValueError(reason)."""
-        value = d.kind.parse(args, d)
+    def _parse(self, d: Directive, args: Sequence[str], old: Any = None) -> Any:
+        """Arguments (over the current value ``old``; None: the default) -> typed value, or ValueError(reason)."""
+        value = d.kind.parse_over(d.initial() if old is None else old, args, d)
         if d.allowed is not None and value not in d.allowed:
             raise ValueError(d.refusal)
         return value
@@ -865,7 +939,7 @@ class Config:
             if not d.kind.multi_arg and len(argv) != 2:
                 raise _LineError("wrong number of arguments")
             try:
-                values[d.name] = self._parse(d, argv[1:])
+                values[d.name] = self._parse(d, argv[1:], values[d.name])
             except ValueError as e:
                 raise _LineError(str(e)) from None
         elif name == "include" and len(argv) == 2:
@@ -962,7 +1036,7 @@ class Config:
             # "a  b" has an empty middle argument; "" has none.
             args = (text.split(" ") if text else []) if d.kind.multi_arg else [text]
             try:
-                parsed.append((spelling, d, self._parse(d, args)))
+                parsed.append((spelling, d, self._parse(d, args, self._values[d.name])))
             except ValueError as e:
                 raise ConfigError(_set_failed(spelling, str(e))) from None
 

@@ -21,6 +21,7 @@ import socket
 import time
 from typing import Any
 
+import trio
 from trio.lowlevel import wait_readable, wait_writable
 
 from pfxcache.protocol.replies import ReplyBuffer, encode_into
@@ -47,8 +48,66 @@ class _Flush:
 FLUSH = _Flush()
 
 
-async def send_chunks(sock: socket.socket, chunks: list) -> int:
-    """Write every buffer in ``chunks``; return the bytes written."""
+class OutputLimitReached(ConnectionError):
+    """The client went over ``client-output-buffer-limit``: the connection is closed."""
+
+
+class OutputLimit:
+    """``client-output-buffer-limit`` (normal class) for one connection, as in Redis.
+
+    Consulted only when a write would block: the bytes the daemon still holds
+    for the client (the replies ``send`` has not accepted yet) may not exceed
+    the hard limit, nor stay above the soft limit for more than soft-seconds.
+    A client that does not read its replies is then disconnected instead of
+    pinning the daemon's memory (and, for WITHDATA, its copy pins).
+    """
+
+    __slots__ = ("server", "client", "soft_since")
+
+    def __init__(self, server: Any, client: Client) -> None:
+        self.server = server
+        self.client = client
+        self.soft_since: float | None = None
+
+    def fine(self) -> None:
+        """Everything written: the soft limit's clock starts over."""
+        self.soft_since = None
+
+    async def wait_writable(self, sock: socket.socket, pending: int) -> None:
+        """Wait until ``sock`` takes more, or raise OutputLimitReached."""
+        hard, soft, seconds = self.server.config["client-output-buffer-limit"][0]
+        if hard and pending > hard:
+            self._reached(pending)
+        if not soft or pending <= soft:
+            self.soft_since = None
+            await wait_writable(sock)
+            return
+        now = time.monotonic()
+        if self.soft_since is None:
+            self.soft_since = now
+        remaining = seconds - (now - self.soft_since)
+        if remaining < 0:
+            self._reached(pending)
+        # Wake up when the soft limit's time is up even if the client never reads.
+        with trio.move_on_after(remaining + 0.01):
+            await wait_writable(sock)
+
+    def _reached(self, pending: int) -> None:
+        client = self.client
+        self.server.stats.client_output_buffer_limit_disconnections += 1
+        log.warning(
+            "Client id=%d addr=%s scheduled to be closed ASAP for overcoming of output buffer limits "
+            "(%d bytes of replies unsent).", client.id, client.addr, pending,
+        )
+        raise OutputLimitReached(pending)
+
+
+async def send_chunks(sock: socket.socket, chunks: list, limit: OutputLimit | None = None) -> int:
+    """Write every buffer in ``chunks``; return the bytes written.
+
+    With ``limit``, a write that would block checks client-output-buffer-limit
+    (OutputLimitReached when the client is over it).
+    """
     total = 0
     if len(chunks) == 1:
         view = memoryview(chunks[0])
@@ -56,19 +115,29 @@ async def send_chunks(sock: socket.socket, chunks: list) -> int:
             try:
                 sent = sock.send(view)
             except BlockingIOError:
-                await wait_writable(sock)
+                if limit is None:
+                    await wait_writable(sock)
+                else:
+                    await limit.wait_writable(sock, view.nbytes)
                 continue
             total += sent
             view = view[sent:]
+        if limit is not None:
+            limit.fine()
         return total
     views = [memoryview(chunk) for chunk in chunks]
+    pending = sum(view.nbytes for view in views)
     while views:
         try:
             sent = sock.sendmsg(views[:1024])  # IOV_MAX
         except BlockingIOError:
-            await wait_writable(sock)
+            if limit is None:
+                await wait_writable(sock)
+            else:
+                await limit.wait_writable(sock, pending)
             continue
         total += sent
+        pending -= sent
         while sent:
             first = views[0]
             if sent >= first.nbytes:
@@ -77,6 +146,8 @@ async def send_chunks(sock: socket.socket, chunks: list) -> int:
             else:
                 views[0] = first[sent:]
                 sent = 0
+    if limit is not None:
+        limit.fine()
     return total
 
 
@@ -92,6 +163,7 @@ async def serve_connection(server: Any, sock: socket.socket, client: Client) -> 
     )
     server.parsers[client.id] = parser
     out = ReplyBuffer()
+    limit = OutputLimit(server, client)
     try:
         while not client.close_after_reply:
             await wait_readable(sock)
@@ -112,11 +184,11 @@ async def serve_connection(server: Any, sock: socket.socket, client: Client) -> 
                 step = _run_buffered_requests(ctx, parser, out)
                 while step is not None:
                     if step is FLUSH:
-                        await _write(sock, out, stats)
+                        await _write(sock, out, stats, limit)
                     else:
                         _emit(ctx, parser, out, await execute_pending(ctx, step))
                     step = _run_buffered_requests(ctx, parser, out)
-                await _write(sock, out, stats)
+                await _write(sock, out, stats, limit)
             except OSError:  # the peer is gone
                 break
             finally:
@@ -128,8 +200,8 @@ async def serve_connection(server: Any, sock: socket.socket, client: Client) -> 
         server.parsers.pop(client.id, None)
 
 
-async def _write(sock: socket.socket, out: ReplyBuffer, stats: Any) -> None:
-    """Write the buffered replies (OSError when the peer is gone)."""
+async def _write(sock: socket.socket, out: ReplyBuffer, stats: Any, limit: OutputLimit | None = None) -> None:
+    """Write the buffered replies (OSError when the peer is gone or is over its output limit)."""
     if not len(out):
         return
     chunks = out.take()
@@ -140,9 +212,11 @@ async def _write(sock: socket.socket, out: ReplyBuffer, stats: Any) -> None:
         if len(chunks) > 1 or sent < len(chunks[0]):
             if len(chunks) == 1:
                 chunks = [memoryview(chunks[0])[sent:]]
-            sent += await send_chunks(sock, chunks)
+            sent += await send_chunks(sock, chunks, limit)
     except BlockingIOError:
-        sent = await send_chunks(sock, chunks)
+        sent = await send_chunks(sock, chunks, limit)
+    if limit is not None:
+        limit.fine()
     stats.total_net_output_bytes += sent
     stats.total_writes_processed += 1
 

@@ -73,6 +73,13 @@ def execute(ctx: Context, argv: list[bytes]) -> Any:
         stats.command(spec.fullname).rejected_calls += 1
         _record_error(stats, NOAUTH)
         return NOAUTH
+    if server.acl.restricted:
+        denied = server.acl.check(client.user, spec, argv)
+        if denied is not None:
+            stats.command(spec.fullname).rejected_calls += 1
+            reply = Error(denied)
+            _record_error(stats, reply)
+            return reply
     client.last_command = spec.fullname
     if spec.is_async:
         return Pending(spec, argv)

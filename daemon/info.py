@@ -143,6 +143,7 @@ def _stats(server: Any) -> Fields:
         ("total_reads_processed", stats.total_reads_processed),
         ("total_writes_processed", stats.total_writes_processed),
         ("client_query_buffer_limit_disconnections", stats.client_query_buffer_limit_disconnections),
+        ("client_output_buffer_limit_disconnections", stats.client_output_buffer_limit_disconnections),
     ]
 
 

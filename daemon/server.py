@@ -31,6 +31,7 @@ import trio
 from pfxcache import __version__
 
 from . import logs
+from .acl import AclUsers
 from .clients import Client, ClientRegistry
 from .commands.table import CommandTable
 from .connection import serve_connection
@@ -66,10 +67,10 @@ class StartupError(Exception):
 
 def build_command_table() -> CommandTable:
     """The command table with every handler module bound to its rows."""
-    from .commands import connection_commands, introspection, prefix_commands, server_commands
+    from .commands import acl_commands, connection_commands, introspection, prefix_commands, server_commands
 
     table = CommandTable.load()
-    for module in (connection_commands, server_commands, introspection, prefix_commands):
+    for module in (connection_commands, server_commands, introspection, prefix_commands, acl_commands):
         table.bind_module(module)
     return table
 
@@ -180,6 +181,15 @@ class Server:
         self.commands = commands if commands is not None else build_command_table()
         self.stats = Stats()
         self.clients = ClientRegistry()
+        #: ACL users; ``default`` follows requirepass, as in Redis.
+        self.acl = AclUsers(self.commands)
+        self.acl.set_default_password(config["requirepass"])
+        aclfile = config["aclfile"] if "aclfile" in config else ""
+        if aclfile:
+            try:
+                self.acl.load_file(aclfile)
+            except (OSError, ValueError) as exc:
+                raise StartupError(f"Error loading the ACL file {aclfile}: {exc}") from None
         #: client id -> its request parser, so CONFIG SET of protocol limits reaches live connections.
         self.parsers: dict[int, Any] = {}
         self.run_id = secrets.token_hex(20)
@@ -200,6 +210,7 @@ class Server:
         config.on_change("proto-max-bulk-len", self._update_parsers)
         config.on_change("client-query-buffer-limit", self._update_parsers)
         config.on_change("loglevel", lambda _old, new: logs.set_level(new))
+        config.on_change("requirepass", lambda _old, new: self.acl.set_default_password(new))
         config.on_change("port", self._rebind)
         config.on_change("bind", self._rebind)
 
@@ -207,8 +218,8 @@ class Server:
 
     @property
     def auth_required(self) -> bool:
-        """True when clients must AUTH before running commands."""
-        return bool(self.config["requirepass"])
+        """True when clients must AUTH before running commands (the default user is not on + nopass)."""
+        return not self.acl.default_open
 
     @property
     def uptime(self) -> float:

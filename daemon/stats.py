@@ -50,6 +50,7 @@ class Stats:
         self.total_reads_processed = 0
         self.total_writes_processed = 0
         self.client_query_buffer_limit_disconnections = 0
+        self.client_output_buffer_limit_disconnections = 0
         self.commands: dict[str, CommandStat] = {}
         self.errors: dict[str, int] = {}
         self._ops_samples: deque[float] = deque(maxlen=self.SAMPLES)

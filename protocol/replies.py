@@ -168,7 +168,7 @@ class ReplyBuffer:
 
 def _write_bulk(buf: ReplyBuffer, payload: Any) -> None:
     if isinstance(payload, str):
-        payload = payload.encode()
+        payload = payload.encode("utf-8", "surrogateescape")
     size = memoryview(payload).nbytes if not isinstance(payload, (bytes, bytearray)) else len(payload)
     if size >= SCATTER_THRESHOLD:
         buf.write(b"$%d\r\n" % size)
@@ -180,11 +180,14 @@ def _write_bulk(buf: ReplyBuffer, payload: Any) -> None:
 
 def _encode_simple(buf: ReplyBuffer, value: SimpleString, resp: int) -> None:
     constant = _CONSTANTS.get(value.text)
-    buf.write(constant if constant is not None else b"+%s\r\n" % _one_line(value.text).encode())
+    if constant is None:
+        constant = b"+%s\r\n" % _one_line(value.text).encode("utf-8", "surrogateescape")
+    buf.write(constant)
 
 
 def _encode_error(buf: ReplyBuffer, value: Error, resp: int) -> None:
-    buf.write(b"-%s\r\n" % _one_line(value.message).encode())
+    # Text decoded with surrogateescape (a client's non-UTF-8 bytes quoted in an error) goes back as those bytes.
+    buf.write(b"-%s\r\n" % _one_line(value.message).encode("utf-8", "surrogateescape"))
 
 
 def _encode_bulk(buf: ReplyBuffer, value: Any, resp: int) -> None:
@@ -252,7 +255,7 @@ def _encode_set(buf: ReplyBuffer, value: Any, resp: int) -> None:
 
 
 def _encode_verbatim(buf: ReplyBuffer, value: Verbatim, resp: int) -> None:
-    text = value.text.encode() if isinstance(value.text, str) else value.text
+    text = value.text.encode("utf-8", "surrogateescape") if isinstance(value.text, str) else value.text
     if resp != 3:
         _write_bulk(buf, text)
         return

@@ -171,7 +171,9 @@ EXPECTED_DEFAULTS = {
     "unixsocketperm": 0,
     "proto-max-bulk-len": 512 * 1024 * 1024,
     "client-query-buffer-limit": 1024**3,
+    "client-output-buffer-limit": [(0, 0, 0), (256 * 1024**2, 64 * 1024**2, 60), (32 * 1024**2, 8 * 1024**2, 60)],
     "requirepass": "",
+    "aclfile": "",
     "protected-mode": True,
     "shutdown-timeout": 10,
     "databases": 1,
@@ -210,7 +212,7 @@ def test_defaults():
 def test_mutability_matches_redis():
     immutable = {d.name for d in DIRECTIVES if not d.mutable}
     assert immutable == {
-        "tcp-backlog", "unixsocket", "unixsocketperm", "logfile", "pidfile", "databases", "daemonize",
+        "tcp-backlog", "unixsocket", "unixsocketperm", "logfile", "pidfile", "databases", "daemonize", "aclfile",
         # ours: the arena and the tree's geometry are fixed for the life of the process
         "maxmemory", "page-size", "block-bytes", "shards", "arena", "arena-name",
         "arena-device",
@@ -531,6 +533,7 @@ def test_get_values_match_redis(redis):
         "timeout", "tcp-keepalive", "tcp-backlog", "proto-max-bulk-len",
         "client-query-buffer-limit", "protected-mode", "loglevel", "unixsocketperm", "shutdown-timeout",
         "requirepass", "appendonly", "daemonize", "save", "logfile", "pidfile", "hz",
+        "client-output-buffer-limit",
     ]
     assert Config().get(shared) == redis.config_get(*shared)
 
@@ -614,6 +617,14 @@ SET_ERRORS = [
     ["save", '"3600" 1'],
     ["save", "1 -1"],
     ["hz", "abc"],
+    ["client-output-buffer-limit", "normal 1 2"],
+    ["client-output-buffer-limit", "master 1 2 3"],
+    ["client-output-buffer-limit", "foo 1 2 3"],
+    ["client-output-buffer-limit", "normal x 2 3"],
+    ["client-output-buffer-limit", "normal 1 -2 3"],
+    ["client-output-buffer-limit", "normal 1 2 -3"],
+    ["client-output-buffer-limit", "normal 1 2 3s"],
+    ["client-output-buffer-limit", "normal 1mb 1mb 1 pubsub 1 2"],
     ["shutdown-timeout", "-1"],
     ["bind", " ".join(["127.0.0.1"] * 17)],
 ]
@@ -647,6 +658,9 @@ def test_loglevel_error_differs_from_redis_only_by_nothing(redis):
         ("proto-max-bulk-len", "2mb"), ("proto-max-bulk-len", "1073741824"), ("client-query-buffer-limit", "1GB"),
         ("client-query-buffer-limit", "3000000k"), ("loglevel", "WARNING"), ("protected-mode", "NO"),
         ("shutdown-timeout", "3"), ("save", ""), ("appendonly", "no"),
+        ("client-output-buffer-limit", "normal 1mb 512kb 10"), ("client-output-buffer-limit", "replica 1 2 3"),
+        ("client-output-buffer-limit", "NORMAL 1 2 3 pubsub 4k 5kb 0 slave 0 0 0"),
+        ("client-output-buffer-limit", ""),
     ],
 )
 def test_accepted_values_read_back_like_redis(redis, name, value):
@@ -851,3 +865,19 @@ def test_rewrite_reports_write_errors(tmp_path):
     config = Config()
     error = our_error(config.rewrite, str(tmp_path / "missing-dir" / "x.conf"))
     assert error.message == "ERR Rewriting config file: No such file or directory"
+
+
+def test_client_output_buffer_limit_changes_only_the_classes_named():
+    config = Config()
+    assert config.get(["client-output-buffer-limit"]) == {
+        "client-output-buffer-limit": "normal 0 0 0 slave 268435456 67108864 60 pubsub 33554432 8388608 60"
+    }
+    config.set([(b"client-output-buffer-limit", b"normal 1mb 512kb 10")])
+    config.set([(b"client-output-buffer-limit", b"replica 1 2 3")])
+    assert config["client-output-buffer-limit"] == [(1024**2, 512 * 1024, 10), (1, 2, 3), (32 * 1024**2, 8 * 1024**2, 60)]
+    # A file line or command-line option merges the same way, and CONFIG REWRITE's form reads back.
+    other = Config()
+    other.apply_args(["--client-output-buffer-limit", "normal", "1mb", "512kb", "10", "slave", "1", "2", "3"])
+    assert other.as_dict() == config.as_dict()
+    d = config.lookup("client-output-buffer-limit")
+    assert d.kind.conf(config._values[d.name]) == "normal 1mb 512kb 10 slave 1 2 3 pubsub 32mb 8mb 60"

@@ -92,7 +92,7 @@ def test_a_copy_pin_without_deadline_outlives_expiry_and_gets_its_ttl_after():
 
 
 def test_pfxcheck_answers_ok_on_a_consistent_store_and_lists_violations(fresh_daemon):
-    daemon = fresh_daemon("--page-size", "1", "--block-bytes", "4")
+    daemon = fresh_daemon("--page-size", "1", "--block-bytes", "4", "--maxmemory", "4096")
     client = redis.Redis(host=daemon.host, port=daemon.port)
     assert client.execute_command("PFXCHECK") == b"OK"
     client.execute_command("PFXSET", "a", "TOKENS", "1", "2", "DATA", b"x" * 8)
@@ -101,8 +101,7 @@ def test_pfxcheck_answers_ok_on_a_consistent_store_and_lists_violations(fresh_da
     assert client.execute_command("PFXCHECK") == b"OK"
     with RawClient(daemon.address) as raw:
         assert raw.call_raw("PFXCHECK", "x") == b"-ERR wrong number of arguments for 'pfxcheck' command\r\n"
-    info = client.execute_command("COMMAND", "INFO", "PFXCHECK")[0]
-    assert b"admin" in info[2]
+        assert b"+admin\r\n" in raw.call_raw("COMMAND", "INFO", "PFXCHECK")
     client.close()
 
     # A corrupted store: the handler lists what is wrong as one -ERR line.
@@ -118,3 +117,82 @@ def test_pfxcheck_answers_ok_on_a_consistent_store_and_lists_violations(fresh_da
     reply = pfxcheck(ctx, [b"PFXCHECK"])
     assert isinstance(reply, Error)
     assert reply.message.startswith("ERR store check failed, 1 violation(s): lease index maps block 0")
+
+
+def _unread_withdata_hog(daemon, count: int = 4, size: int = 16 << 20) -> tuple[socket.socket, redis.Redis]:
+    """A client that pipelines WITHDATA reads of ``size`` bytes each and never reads a reply.
+
+    The replies are larger than what the kernel's socket buffers take (tcp_wmem's 4 MiB), so
+    most of the first one stays unsent in the daemon.
+    """
+    admin = redis.Redis(host=daemon.host, port=daemon.port)
+    tokens = [str(t) for t in range(size // (4 << 20))]
+    admin.execute_command("PFXSET", "big", "TOKENS", *tokens, "DATA", b"x" * size)
+    hog = socket.create_connection(daemon.address)
+    hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    hog.sendall(encode_command("PFXGET", "big", "TOKENS", *tokens, "NOLEASE", "WITHDATA") * count)
+    return hog, admin
+
+
+def _wait_for(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def _clients(admin: redis.Redis) -> int:
+    return admin.info("clients")["connected_clients"]
+
+
+OBL = ("--page-size", "1", "--block-bytes", "4mb", "--maxmemory", "32mb", "--evict-low-watermark", "0")
+
+
+def test_output_buffer_hard_limit_disconnects_a_client_that_does_not_read(fresh_daemon):
+    daemon = fresh_daemon(*OBL, "--client-output-buffer-limit", "normal", "1mb", "0", "0")
+    hog, admin = _unread_withdata_hog(daemon)
+    assert admin.config_get("client-output-buffer-limit") == {
+        "client-output-buffer-limit": "normal 1048576 0 0 slave 268435456 67108864 60 pubsub 33554432 8388608 60"
+    }
+    assert _wait_for(lambda: admin.info("stats")["client_output_buffer_limit_disconnections"] == 1)
+    assert _wait_for(lambda: _clients(admin) == 1)
+    assert "scheduled to be closed ASAP for overcoming of output buffer limits" in daemon.log_text()
+    hog.close()  # (draining what the kernel already holds through a 4 KiB window takes minutes)
+    assert admin.ping()
+    assert admin.execute_command("PFXCHECK") == b"OK"
+    info = admin.execute_command("PFXINFO")
+    assert info[b"stats"][b"leases"] == 0 if isinstance(info, dict) else True
+    admin.close()
+
+
+def test_output_buffer_soft_limit_disconnects_after_soft_seconds(fresh_daemon):
+    daemon = fresh_daemon(*OBL)
+    admin = redis.Redis(host=daemon.host, port=daemon.port)
+    assert admin.config_set("client-output-buffer-limit", "normal 0 512kb 1")
+    admin.close()
+    started = time.monotonic()
+    hog, admin = _unread_withdata_hog(daemon)
+    time.sleep(0.5)
+    assert admin.info("stats")["client_output_buffer_limit_disconnections"] == 0  # not yet: under soft-seconds
+    assert _wait_for(lambda: admin.info("stats")["client_output_buffer_limit_disconnections"] == 1)
+    assert 1.0 <= time.monotonic() - started < 4.0
+    assert _wait_for(lambda: _clients(admin) == 1)
+    hog.close()
+    assert admin.execute_command("PFXCHECK") == b"OK"
+    admin.close()
+
+
+def test_output_buffer_limits_leave_a_reading_client_alone(fresh_daemon):
+    daemon = fresh_daemon(*OBL, "--client-output-buffer-limit", "normal", "8mb", "1mb", "5")
+    admin = redis.Redis(host=daemon.host, port=daemon.port)
+    tokens = ["1"]
+    admin.execute_command("PFXSET", "big", "TOKENS", *tokens, "DATA", b"x" * (4 << 20))
+    pipe = admin.pipeline(transaction=False)
+    for _ in range(10):
+        pipe.execute_command("PFXGET", "big", "TOKENS", *tokens, "NOLEASE", "WITHDATA")
+    replies = pipe.execute()
+    assert all(len(r[b"data"] if isinstance(r, dict) else r[-1]) == 4 << 20 for r in replies)
+    assert admin.info("stats")["client_output_buffer_limit_disconnections"] == 0
+    admin.close()

@@ -370,3 +370,14 @@ def test_integer_array_is_an_array_of_integers_in_both_protocols():
     assert encode(array("I"), 3) == b"*0\r\n"
     with pytest.raises(TypeError):
         encode(array("d", [1.0]), 3)
+
+
+def test_text_with_escaped_client_bytes_encodes_back_to_those_bytes():
+    # Found by tests/test_fuzz.py: an error quoting a non-UTF-8 argument (kept with surrogateescape)
+    # must not raise UnicodeEncodeError (which cost the client its connection).
+    from pfxcache.protocol.replies import Error, SimpleString
+
+    quoted = b"\x80".decode("utf-8", "surrogateescape")
+    assert encode(Error(f"ERR Unknown category '{quoted}'")) == b"-ERR Unknown category '\x80'\r\n"
+    assert encode(SimpleString(quoted)) == b"+\x80\r\n"
+    assert encode(quoted) == b"$1\r\n\x80\r\n"

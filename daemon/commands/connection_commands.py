@@ -6,7 +6,6 @@ are 7.2's); the differential tests compare them byte for byte.
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from pfxcache.protocol.redis_strings import string2ll
@@ -40,13 +39,11 @@ def _valid_name(raw: bytes) -> bool:
 
 def authenticate(ctx: Any, username: bytes, password: bytes) -> bool:
     """Check a user/password pair and mark the client authenticated on success."""
-    required = ctx.server.config["requirepass"]
-    if username.lower() != b"default":
-        return False
-    if required and not hmac.compare_digest(password, required.encode()):
+    name = username.decode("utf-8", "surrogateescape")
+    if not ctx.server.acl.authenticate(name, password):
         return False
     ctx.client.authenticated = True
-    ctx.client.user = "default"
+    ctx.client.user = name
     return True
 
 

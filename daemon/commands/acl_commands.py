@@ -1,0 +1,86 @@
+"""ACL commands: SETUSER, GETUSER, LIST, WHOAMI, DELUSER, USERS, CAT.
+
+Replies and error texts are redis-server 7.0's; the user model is
+:mod:`pfxcache.daemon.acl`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pfxcache.protocol.replies import OK, Error
+
+from ..acl import ACL_CATEGORIES, AclError, valid_username
+from . import handles
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+@handles("acl|setuser")
+def acl_setuser(ctx: Any, argv: list[bytes]) -> Any:
+    name = _text(argv[2])
+    if not valid_username(name):
+        return Error("ERR Usernames can't contain spaces or null characters")
+    try:
+        ctx.server.acl.setuser(name, [_text(raw) for raw in argv[3:]])
+    except AclError as exc:
+        return Error(f"ERR {exc}")
+    return OK
+
+
+@handles("acl|getuser")
+def acl_getuser(ctx: Any, argv: list[bytes]) -> Any:
+    acl = ctx.server.acl
+    user = acl.users.get(_text(argv[2]))
+    return None if user is None else acl.getuser(user)
+
+
+@handles("acl|list")
+def acl_list(ctx: Any, argv: list[bytes]) -> Any:
+    acl = ctx.server.acl
+    return [acl.describe(acl.users[name]) for name in sorted(acl.users, key=lambda n: n.encode("utf-8", "surrogateescape"))]
+
+
+@handles("acl|users")
+def acl_users(ctx: Any, argv: list[bytes]) -> Any:
+    return sorted(ctx.server.acl.users, key=lambda n: n.encode("utf-8", "surrogateescape"))
+
+
+@handles("acl|whoami")
+def acl_whoami(ctx: Any, argv: list[bytes]) -> Any:
+    return ctx.client.user
+
+
+@handles("acl|deluser")
+def acl_deluser(ctx: Any, argv: list[bytes]) -> Any:
+    acl = ctx.server.acl
+    names = [_text(raw) for raw in argv[2:]]
+    if "default" in names:
+        return Error("ERR The 'default' user cannot be removed")
+    deleted = 0
+    for name in names:
+        if acl.deluser(name):
+            deleted += 1
+            # As Redis: the connections authenticated as a removed user are closed.
+            for client in list(ctx.server.clients):
+                if client.user == name:
+                    if client is ctx.client:
+                        client.close_after_reply = True
+                    else:
+                        client.kill()
+    return deleted
+
+
+@handles("acl|cat")
+def acl_cat(ctx: Any, argv: list[bytes]) -> Any:
+    if len(argv) > 3:
+        return Error("ERR unknown subcommand or wrong number of arguments for 'CAT'. Try ACL HELP.")
+    if len(argv) == 2:
+        return list(ACL_CATEGORIES)
+    category = _text(argv[2]).lower()
+    if category not in ACL_CATEGORIES:
+        return Error(f"ERR Unknown category '{_text(argv[2])}'")
+    wanted = "@" + category
+    return [spec.fullname for spec in ctx.server.commands.walk() if wanted in spec.acl_categories]
