@@ -364,6 +364,21 @@ class AclUsers:
 
     # -- the ACL file ----------------------------------------------------------------------
 
+    def load_users(self, lines: Iterable[list[str]], where: str = "the config file") -> None:
+        """Apply ``user`` lines of the config file (name, then rules); all or nothing."""
+        staged = AclUsers(self.commands)
+        staged.users = {name: user.copy() for name, user in self.users.items()}
+        for argv in lines:
+            name = argv[0]
+            if not valid_username(name):
+                raise ValueError(f"{where}: Usernames can't contain spaces or null characters")
+            try:
+                staged.setuser(name, argv[1:])
+            except AclError as exc:
+                raise ValueError(f"{where}: user {name}: {exc.op}: {exc.reason}") from None
+        self.users = staged.users
+        self._refresh()
+
     def load_file(self, path: str) -> None:
         """Load Redis's ACL file format: ``user <name> <rule> ...`` per line.
 

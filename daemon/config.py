@@ -792,6 +792,10 @@ def _set_failed(name: str, reason: str | None) -> str:
     return f"{text} - {reason}" if reason else text
 
 
+#: Where ``user`` lines wait while a file is loaded (not a directive: never shown by CONFIG GET).
+_USER_LINES = "\0user lines"
+
+
 class Config:
     """The live configuration: typed values for every directive of a table.
 
@@ -801,6 +805,8 @@ class Config:
     def __init__(self, directives: Iterable[Directive] = DIRECTIVES) -> None:
         """Every directive at its default."""
         self._directives: tuple[Directive, ...] = tuple(directives)
+        #: ``user <name> <rule> ...`` lines from the file and the command line, for the ACL.
+        self.acl_users: list[list[str]] = []
         # Every spelling (names, then aliases, in table order; lowercase) ->
         # (spelling as in the table, directive). Redis 7 registers an alias as
         # a config of its own sharing the storage, and so does this.
@@ -869,6 +875,7 @@ class Config:
         """
         values = dict(self._values)
         self._load_file_into(values, path, 0)
+        self.acl_users += values.pop(_USER_LINES, [])
         self._values = values
         self.config_file = os.path.abspath(path)
 
@@ -904,6 +911,7 @@ class Config:
                 handled_last = True
         values = dict(self._values)
         self._load_text_into(values, _bytes(options), "command line", 0)
+        self.acl_users += values.pop(_USER_LINES, [])
         self._values = values
 
     def _load_file_into(self, values: dict[str, Any], path: str, depth: int) -> None:
@@ -942,6 +950,11 @@ class Config:
                 values[d.name] = self._parse(d, argv[1:], values[d.name])
             except ValueError as e:
                 raise _LineError(str(e)) from None
+        elif name == "user":
+            # ACL users, as in redis.conf: collected here, applied by the server's ACL.
+            if len(argv) < 2:
+                raise _LineError("wrong number of arguments")
+            values.setdefault(_USER_LINES, []).append(argv[1:])
         elif name == "include" and len(argv) == 2:
             if depth >= MAX_INCLUDE_DEPTH:
                 raise _LineError(f"include nested more than {MAX_INCLUDE_DEPTH} deep")
@@ -1114,7 +1127,7 @@ class Config:
                 continue
             argv = splitargs(line)
             name = _lower(_text(argv[0])) if argv else None
-            if name == "include":
+            if name in ("include", "user"):  # ACL users are kept as written
                 lines.append(line)
             elif name in self._spellings:
                 where.setdefault(self._spellings[name][1].name, []).append(len(lines))

@@ -184,6 +184,10 @@ class Server:
         #: ACL users; ``default`` follows requirepass, as in Redis.
         self.acl = AclUsers(self.commands)
         self.acl.set_default_password(config["requirepass"])
+        try:
+            self.acl.load_users(config.acl_users)
+        except ValueError as exc:
+            raise StartupError(f"Error in the ACL users of the configuration: {exc}") from None
         aclfile = config["aclfile"] if "aclfile" in config else ""
         if aclfile:
             try:

@@ -219,3 +219,36 @@ def test_error_texts_and_formats_match_redis() -> None:
     finally:
         ours.stop()
         theirs.stop()
+
+
+def test_users_in_the_config_file_survive_config_rewrite(tmp_path):
+    import redis
+
+    from support import start_daemon
+
+    conf = tmp_path / "pfx.conf"
+    conf.write_text("port 0\n# tenants\nuser alice on >secret ~tenant-a:* +@pfx +ping\n")
+    daemon = start_daemon(str(conf))
+    try:
+        alice = redis.Redis(host=daemon.host, port=daemon.port, username="alice", password="secret")
+        assert alice.ping()
+        assert alice.execute_command("PFXGET", "tenant-a:x", "TOKENS", "1")[b"matched"] == 0
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            alice.execute_command("PFXGET", "tenant-b:x", "TOKENS", "1")
+        alice.close()
+        admin = redis.Redis(host=daemon.host, port=daemon.port)
+        admin.config_set("timeout", 7)
+        assert admin.config_rewrite()
+        admin.close()
+    finally:
+        daemon.stop()
+    text = conf.read_text()
+    assert "user alice on >secret ~tenant-a:* +@pfx +ping" in text and "timeout 7" in text
+    bad = tmp_path / "bad.conf"
+    bad.write_text("port 0\nuser bob on +nosuchcommand\n")
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "pfxcache.daemon", str(bad)], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 1 and "bob" in result.stdout + result.stderr
