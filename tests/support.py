@@ -222,3 +222,15 @@ def python_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def wait_for(predicate, timeout: float, what: str):
+    """Poll ``predicate`` (returns a truthy value when done) until ``timeout`` seconds; fail with ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)

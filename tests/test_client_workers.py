@@ -14,12 +14,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 import redis
-from support import python_env
+from support import python_env, wait_for
 
 PS = 4
 BB = 4096
@@ -110,17 +109,6 @@ def run_worker(daemon, *args) -> dict:
                           env=python_env(), check=False)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import redis
 from pfxcache.daemon.store import MemoryArena, PrefixStore
-from support import encode_command, start_daemon
+from support import encode_command, start_daemon, wait_for
 
 PS = 4  # tokens per page in most daemons here
 BB = 1024  # bytes per block in most daemons here
@@ -97,18 +97,6 @@ def put(r, ns, tokens, data=None, *, offset=None, blocks=None) -> dict:
         args += ["OFFSET", offset]
     args += ["DATA", data] if blocks is None else ["BLOCKS", *blocks]
     return cmd(r, *args)
-
-
-def wait_for(predicate, timeout: float, what: str):
-    """Poll ``predicate`` (returns a truthy value when done) until ``timeout`` seconds; fail with ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def arena_map(r: redis.Redis) -> np.memmap:

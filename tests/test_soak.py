@@ -263,7 +263,7 @@ def test_sigterm_under_load_finishes_in_flight_commands_and_exits_zero():
                     if not chunk:
                         raise ConnectionError
                     reader.feed(chunk)
-                    while (reply := reader.gets()) is not False:
+                    while reader.gets() is not False:
                         got += 1
                         replies["complete"] += 1
         except OSError:
