@@ -112,13 +112,19 @@ def _namespace(raw: bytes) -> bytes:
     return raw
 
 
+def _prompt(ctx: Any, argv: list[bytes]) -> tuple[bytes, bytes, int]:
+    """``key (TOKENS ...|PACKED blob)`` at argv[1:]: namespace, packed tokens, position after them."""
+    namespace = _namespace(argv[1])
+    tokens, position = parse_tokens(argv, 2, ctx.server.config["prompt-max-tokens"])
+    return namespace, tokens, position
+
+
 @handles("pfxget")
 async def pfxget(ctx: Any, argv: list[bytes]) -> Any:
     service = _service(ctx)
     store = service.store
     try:
-        namespace = _namespace(argv[1])
-        tokens, position = parse_tokens(argv, 2, ctx.server.config["prompt-max-tokens"])
+        namespace, tokens, position = _prompt(ctx, argv)
         lease, ttl_ms, with_data = True, None, False
         while position < len(argv):
             option = argv[position].upper()
@@ -161,8 +167,7 @@ async def pfxset(ctx: Any, argv: list[bytes]) -> Any:
     service = _service(ctx)
     store = service.store
     try:
-        namespace = _namespace(argv[1])
-        tokens, position = parse_tokens(argv, 2, ctx.server.config["prompt-max-tokens"])
+        namespace, tokens, position = _prompt(ctx, argv)
         offset, data, blocks = 0, None, None
         while position < len(argv):
             option = argv[position].upper()
