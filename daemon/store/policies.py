@@ -147,10 +147,6 @@ GHOST_MAX = 1 << 18  # ... but never more (about 25 MB of dict per policy instan
 THRASH_ALPHA = 0.01  # weight of one observation in the thrashing estimate (an EWMA)
 THRASH_ON = 0.5  # insert cold leaves at the LRU end while the estimate is above this
 BIMODAL_SHARE = 1 << 27  # crc32 below this (1 in 32 leaves) still goes in at the MRU end
-import os as _os
-_XK = int(_os.environ.get("XK", "32"))
-_XROOT = int(_os.environ.get("XROOT", "0"))
-_XGHOSTBOOST = int(_os.environ.get("XGB", "0"))
 
 
 class GhostPolicy(HeapPolicy):
@@ -205,7 +201,7 @@ class GhostPolicy(HeapPolicy):
             continues = self._continues(node)
             if ghost or continues:
                 self.thrash += THRASH_ALPHA * ((0.0 if continues else 1.0) - self.thrash)
-            elif self.thrash > THRASH_ON and self._floor is not None and (h % _XK) != 0:
+            elif self.thrash > THRASH_ON and self._floor is not None and h >= BIMODAL_SHARE:
                 key = self._floor
         heapq.heappush(self._heap, (key, next(self._seq), node.version, node))
         self.live += 1
