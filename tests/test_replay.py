@@ -93,7 +93,7 @@ def test_belady_bounds_every_policy(small_trace):
     chains = replay.page_chains(small_trace, B)
     for cap in (20, 60, 200):
         bound = replay.belady(small_trace, chains, cap, B, quiet=True)["hit_rate"]
-        for policy in ("lru", "lfu", "hybrid", "ghost"):
+        for policy in ("lru", "lfu", "hybrid", "ghost", "reuse"):
             assert replay.replay_store(small_trace, policy, cap, B, quiet=True)["hit_rate"] <= bound + 1e-12
     unlimited = replay.belady(small_trace, chains, replay.UNLIMITED, B, quiet=True)["hit_rate"]
     assert unlimited == replay.replay_store(small_trace, "lru", replay.UNLIMITED, B, quiet=True)["hit_rate"]
@@ -101,7 +101,7 @@ def test_belady_bounds_every_policy(small_trace):
 
 def test_store_and_daemon_modes_agree(small_trace):
     runner = replay.DaemonRunner(None, 16)
-    for policy in ("lru", "ghost"):
+    for policy in ("lru", "ghost", "reuse"):
         store = replay.replay_store(small_trace, policy, 64, B, quiet=True)
         daemon = runner.run(small_trace, policy, 64, B, 16, quiet=True)
         assert store["hit_tokens"] == daemon["hit_tokens"], policy

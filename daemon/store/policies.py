@@ -3,14 +3,16 @@
 Candidates are the unpinned leaves of every tree. The radix tree tells the
 index whenever a node enters or leaves that set (or, by leaving and entering
 again, when its priority changes), so picking the next victim never walks the
-tree: it costs O(log n) for LRU/LFU and O(buckets + log n) for hybrid.
+tree: it costs O(log n) for lru, lfu, ghost and reuse, O(buckets + log n) for
+hybrid.
 
 Heaps use lazy deletion: every entry records the node's ``version`` when it was
 pushed; any change bumps the version, so stale entries are recognised and
 skipped when they reach the top, and the heap is compacted when they dominate.
 
 A policy instance exists globally (for evictions on allocation and the
-watermark) and per scope (namespace), for EVICT commands on one namespace.
+watermark) and per scope (namespace), for EVICT commands on one namespace
+(``for_scope()`` when a policy shares state between the two).
 Policies are looked up in ``POLICIES``; nothing else branches on their names.
 """
 
@@ -20,6 +22,8 @@ import heapq
 import itertools
 import zlib
 from collections import OrderedDict
+
+from .reuse import Access, ReuseLearner
 
 _COMPACT_SLACK = 64
 HYBRID_BUCKETS = 33  # freq.bit_length() of 0 .. 2**32-1, capped
@@ -222,7 +226,124 @@ class GhostPolicy(HeapPolicy):
         return node
 
 
-POLICIES = {cls.name: cls for cls in (LRUPolicy, LFUPolicy, HybridPolicy, GhostPolicy)}
+class ReusePolicy(HeapPolicy):
+    """LRU in logical time, plus a learned boost for prefixes that come back soon.
+
+    Key = tick of the last access + boost(class of that access), smallest
+    evicted first. This is the inter-reference-recency idea of LIRS (a
+    prefix whose last reuse came quickly tends to come back quickly), with
+    the protection learned per class by ReuseLearner instead of fixed: a
+    workload where past gaps predict nothing earns no boosts and gets LRU.
+
+    A prefix is seen coming back three ways: a leaf hit again; a new leaf
+    whose parent is private to it and was just hit (the next turn of a
+    conversation); a new leaf whose first page is in the ghost of recent
+    evictions (the conversation came back after it was evicted; the ghost
+    keeps the class and tick of its last access). Ticks count lookups and
+    inserts, so a replay in process and one through the daemon agree. The
+    path above an access keeps the larger of its old key and the new one, as
+    last-access times do. O(log n) per access and eviction, O(classes) every
+    LEARN_EVERY accesses.
+
+    Per-namespace instances (``scoped``) order by the keys the global
+    instance computed and learn nothing themselves.
+    """
+
+    name = "reuse"
+
+    def __init__(self, learner: ReuseLearner | None = None, scoped: bool = False) -> None:
+        super().__init__()
+        self.learner = learner if learner is not None else ReuseLearner()
+        self.scoped = scoped
+        self._ghost: OrderedDict[int, tuple[int | None, int, int]] = OrderedDict()  # first page -> class, tick, end
+        self._now = 0  # latest tick seen
+        self._victim_parent = None  # parent of the latest victim: pushed when its last child goes
+
+    def for_scope(self) -> ReusePolicy:
+        """The instance for one namespace's index: same keys, no learning."""
+        return ReusePolicy(self.learner, scoped=True)
+
+    @staticmethod
+    def _first_page(node) -> int:
+        return zlib.crc32(node.key[: node.tree.page_bytes])
+
+    def _classify(self, node) -> tuple[int, int]:
+        """(class, conversation end in pages) of ``node``'s latest access; counts the periods it ends and starts."""
+        learner = self.learner
+        data = node.policy_data
+        if data is None:
+            end = node.tree.depth_pages(node)
+            if node.freq or node.children:  # an inner node whose history the policy never saw
+                return learner.classify(node.gap or None, None), end
+            gap = None
+            added = len(node.blocks)
+            parent = node.parent
+            if parent.parent is not None and len(parent.children) == 1 and parent.gap:
+                # the next turn of a conversation: its parent came back after parent.gap ticks
+                gap = parent.gap
+                pdata = parent.policy_data
+                if pdata is not None and pdata.freq != parent.freq:
+                    learner.returned(pdata.cls, gap)
+                cls = learner.classify(gap, added)
+                # The whole conversation now belongs to this class; like the path's pages, the
+                # parent keeps the later of its old key and the new one.
+                key = parent.tick + learner.boost[cls]
+                if pdata is not None and pdata.key > key:
+                    key = pdata.key
+                parent.policy_data = Access(cls, parent.freq, key, end)
+            else:
+                seen = self._ghost.pop(self._first_page(node), None)
+                if seen is not None:  # came back after being evicted
+                    seen_cls, seen_tick, seen_end = seen
+                    gap = max(node.tick - seen_tick, 1)
+                    if seen_cls is not None:
+                        learner.returned(seen_cls, gap)
+                    added = max(end - seen_end, 0)
+                cls = learner.classify(gap, added)
+            learner.start(cls)
+            return cls, end
+        if data.freq != node.freq and node is not self._victim_parent:
+            # hit since its class was set (and not just uncovered by an eviction): a return that added nothing
+            learner.returned(data.cls, node.gap or 1)
+            cls = learner.classify(node.gap or None, 0)
+            learner.start(cls)
+            return cls, data.end
+        return data.cls, data.end
+
+    def push(self, node) -> None:
+        if self.scoped:
+            data = node.policy_data
+            key = data.key if data is not None else node.tick
+        else:
+            tick = node.tick
+            if tick > self._now:
+                self._now = tick
+            old = node.policy_data
+            cls, end = self._classify(node)
+            key = tick + self.learner.boost[cls]
+            if old is not None and old.key > key:  # keys only grow, as in LRU
+                key = old.key
+            node.policy_data = Access(cls, node.freq, key, end)
+        heapq.heappush(self._heap, (key, next(self._seq), node.version, node))
+        self.live += 1
+
+    def peek(self, now: float):
+        node = super().peek(now)
+        if node is not None and not self.scoped:
+            self._victim_parent = node.parent
+            self.learner.evicted(self._now - self._heap[0][0])
+            data = node.policy_data
+            ghost = self._ghost
+            h = self._first_page(node)
+            ghost[h] = (data.cls, node.tick, data.end) if data is not None else (None, node.tick, 0)
+            ghost.move_to_end(h)
+            limit = max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX))
+            while len(ghost) > limit:
+                ghost.popitem(last=False)
+        return node
+
+
+POLICIES = {cls.name: cls for cls in (LRUPolicy, LFUPolicy, HybridPolicy, GhostPolicy, ReusePolicy)}
 
 
 class EvictionIndex:
@@ -245,7 +366,8 @@ class EvictionIndex:
     def _scoped(self, scope: bytes):
         index = self.scopes.get(scope)
         if index is None:
-            index = self.scopes[scope] = self.factory()
+            for_scope = getattr(self.all, "for_scope", None)
+            index = self.scopes[scope] = for_scope() if for_scope is not None else self.factory()
         return index
 
     def add(self, node) -> None:

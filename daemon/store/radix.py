@@ -22,11 +22,15 @@ from __future__ import annotations
 class Totals:
     """Page counters shared by all trees (the store's global view)."""
 
-    __slots__ = ("pages", "unpinned")
+    __slots__ = ("pages", "ticks", "unpinned")
 
     def __init__(self) -> None:
         self.pages = 0  # cached pages (= blocks in state TREE)
         self.unpinned = 0  # pages of nodes with lock_ref == 0: all evictable, leaf first
+        # Logical clock: one tick per lookup or insert. Reuse gaps are measured in
+        # ticks, not seconds, so a replay in process and one through the daemon
+        # see the same gaps.
+        self.ticks = 0
 
 
 class Node:
@@ -37,10 +41,13 @@ class Node:
         "children",
         "evictable",
         "freq",
+        "gap",
         "key",
         "last_access",
         "lock_ref",
         "parent",
+        "policy_data",
+        "tick",
         "tree",
         "version",
     )
@@ -54,6 +61,9 @@ class Node:
         self.lock_ref = 0  # leases/plans pinning this node or a descendant
         self.last_access = now
         self.freq = 0  # hits (matches through this node)
+        self.tick = tree.totals.ticks if parent is not None else 0  # logical time of the last access
+        self.gap = 0  # ticks between the two latest accesses, measured at the latest hit (0: never hit)
+        self.policy_data = None  # owned by the eviction policy (policies.py); None until it sets it
         self.version = 0  # bumped on every change of eviction-index membership or priority
         self.evictable = False  # mirrors membership in the eviction index
 
@@ -132,6 +142,9 @@ class RadixTree:
         parent = child.parent
         top = Node(self, parent, child.key[:cut], child.blocks[:m], child.last_access)
         top.freq = child.freq
+        top.tick = child.tick
+        top.gap = child.gap
+        top.policy_data = child.policy_data  # the policy's view of the latest access through both
         top.lock_ref = child.lock_ref  # every pin through child also passes through top
         parent.children[top.key[:P]] = top
         child.key = child.key[cut:]
@@ -174,17 +187,25 @@ class RadixTree:
     # -- access statistics and pins -----------------------------------------------------------
 
     def touch(self, node: Node, now: float, hit: bool) -> None:
-        """Record an access of the path ending at ``node`` (a hit also counts frequency)."""
+        """Record an access of the path ending at ``node`` at the current tick.
+
+        A hit also counts frequency and measures each node's reuse gap (ticks
+        since its previous access).
+        """
         index = self.index
+        tick = self.totals.ticks
         while node.parent is not None:
-            if node.evictable:  # its priority changes: leave and re-enter the index
+            evictable = node.evictable
+            if evictable:  # its priority changes: leave and re-enter the index
                 index.remove(node)
-                node.last_access = now
-                node.freq += hit
+            node.last_access = now
+            if hit:
+                node.freq += 1
+                if tick > node.tick:
+                    node.gap = tick - node.tick
+            node.tick = tick
+            if evictable:
                 index.add(node)
-            else:
-                node.last_access = now
-                node.freq += hit
             node = node.parent
 
     def pin(self, node: Node) -> None:

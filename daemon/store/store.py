@@ -330,10 +330,14 @@ class PrefixStore:
         if tree is not None:
             node, pages = tree.locate(tokens, npages)  # split so a pin covers exactly the match
             if pages:
+                self._totals.ticks += 1
+                if lease:
+                    # Pin before touching: the leased path leaves the eviction index once
+                    # and re-enters it (with its new priority) when the lease ends.
+                    tree.pin(node)
                 tree.touch(node, self._clock(), hit=True)
                 blocks = tree.path_blocks(node)
                 if lease:
-                    tree.pin(node)
                     lease_id = self._leases.new(owner, READ, name, deadline, node, list(blocks)).id
                     rec.leases += 1
         matched = pages * self.page_size
@@ -447,6 +451,7 @@ class PrefixStore:
         tree = plan.tree
         P = self.page_bytes
         now = self._clock()
+        self._totals.ticks += 1
         end = plan.node
         stored = 0
         if plan.new_blocks:

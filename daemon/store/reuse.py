@@ -1,0 +1,122 @@
+"""What the ``reuse`` eviction policy learns: how soon prefixes come back, per class of access.
+
+The policy (policies.ReusePolicy) reports every access of a prefix and every
+return (the prefix came back, as a hit or through its ghost after eviction);
+ReuseLearner turns those into one boost per class, in ticks, that the policy
+adds to the access time. Plain Python, no dependencies: testable on its own.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+GAP_BUCKETS = 48  # half-octave buckets of a reuse gap in ticks: up to 2**24 ticks
+SIZE_BUCKETS = (4, 16, 64)  # pages an access added: < 4, < 16, < 64, more (and a bucket for "not known")
+LEARN_EVERY = 64  # accesses between recomputations of the boosts
+LEARN_HALFLIFE = 2048  # accesses: older observations weigh half (workloads drift; stale boosts cost hits)
+BOOST_SCALE = 2.0  # a class twice as likely as average to come back soon is kept 2 median gaps longer
+BOOST_MAX = 4.0  # ... the lift (p_c / p - 1) counts up to this
+BOOST_Z = 2.0  # ... and only when 2 standard deviations above average: no boosts for noise
+SHRINK_WEIGHT = 1.0  # boosts shrink as K / (K + eviction age): a large cache keeps things long anyway
+
+
+def _gap_bucket(gap: int) -> int:
+    """Half-octave bucket of a gap >= 1 tick."""
+    return min(GAP_BUCKETS - 1, int(2 * math.log2(gap))) if gap > 1 else 0
+
+
+def _size_bucket(pages: int | None) -> int:
+    """Bucket of the pages an access added; None (not known) has a bucket of its own."""
+    return len(SIZE_BUCKETS) + 1 if pages is None else bisect.bisect_right(SIZE_BUCKETS, pages)
+
+
+class ReuseLearner:
+    """Online statistics of reuse gaps per class of access, and the boost each class earns.
+
+    A class is (the gap after which the prefix last came back, or "new";
+    how many pages that access added). Every access *starts* a period of its
+    class; when the prefix comes back, that period ends with a *return* after
+    its gap. From counts that halve every LEARN_HALFLIFE accesses: K = the
+    median return gap, p_c = the share of class c's periods that ended
+    within K, p = the same over all classes. A class whose p_c is
+    significantly above p (BOOST_Z standard deviations) earns a boost of
+    BOOST_SCALE x K x (p_c / p - 1) ticks, times K / (K + eviction age).
+    Classes not above average get none: when nothing predicts a quick
+    return, the policy is exactly LRU.
+    """
+
+    def __init__(self) -> None:
+        nclasses = (GAP_BUCKETS + 1) * (len(SIZE_BUCKETS) + 2)
+        self.starts = [0.0] * nclasses
+        self.returns = [[0.0] * GAP_BUCKETS for _ in range(nclasses)]
+        self.boost = [0.0] * nclasses
+        self.median_gap = 0.0
+        self.eviction_age = 0.0  # EWMA of (now - key) of victims, in ticks
+        self._pending = 0
+
+    @staticmethod
+    def classify(gap: int | None, pages: int | None) -> int:
+        """Class of an access: the reuse gap that brought it back (None: new content), the pages it added."""
+        g = 0 if gap is None else 1 + _gap_bucket(gap)
+        return g * (len(SIZE_BUCKETS) + 2) + _size_bucket(pages)
+
+    def start(self, cls: int) -> None:
+        """An access of class ``cls`` (every LEARN_EVERY of them, the boosts are recomputed)."""
+        self.starts[cls] += 1.0
+        self._pending += 1
+        if self._pending >= LEARN_EVERY:
+            self._pending = 0
+            self._recompute()
+
+    def returned(self, cls: int, gap: int) -> None:
+        """A prefix last accessed in class ``cls`` came back after ``gap`` ticks."""
+        self.returns[cls][_gap_bucket(gap)] += 1.0
+
+    def evicted(self, age: float) -> None:
+        """A victim was evicted ``age`` ticks after its key (negative: before its boost ran out)."""
+        self.eviction_age += 0.01 * (age - self.eviction_age)
+
+    def _recompute(self) -> None:
+        totals = [sum(col) for col in zip(*self.returns)]
+        total = sum(totals)
+        if total < 50:
+            return
+        acc, kb = 0.0, 0
+        for kb, n in enumerate(totals):
+            acc += n
+            if acc >= total / 2:
+                break
+        k = 2 ** ((kb + 1) / 2)  # upper edge of the median's bucket
+        self.median_gap = k
+        soon = [sum(row[: kb + 1]) for row in self.returns]
+        starts = self.starts
+        p_all = sum(soon) / max(sum(starts), 1e-9)
+        shrink = k / (k + SHRINK_WEIGHT * max(self.eviction_age, 0.0))
+        boost = self.boost
+        for c, n in enumerate(starts):
+            b = 0.0
+            if n > 10 and 0.0 < p_all < 1.0:
+                excess = soon[c] - n * p_all
+                if excess > BOOST_Z * math.sqrt(n * p_all * (1.0 - p_all)):
+                    lift = min(soon[c] / (n * p_all) - 1.0, BOOST_MAX)
+                    b = BOOST_SCALE * k * lift * shrink
+            boost[c] = b
+        decay = 0.5 ** (LEARN_EVERY / LEARN_HALFLIFE)
+        for c in range(len(starts)):
+            starts[c] *= decay
+            row = self.returns[c]
+            for i in range(len(row)):
+                row[i] *= decay
+
+
+class Access:
+    """What ReusePolicy keeps on a node (``node.policy_data``): its latest access as the policy saw it."""
+
+    __slots__ = ("cls", "end", "freq", "key")
+
+    def __init__(self, cls: int | None, freq: int, key: float, end: int) -> None:
+        self.cls = cls  # ReuseLearner class of the access
+        self.freq = freq  # node.freq then: a higher freq later means it was hit since
+        self.key = key  # heap key given (per-namespace instances reuse it)
+        self.end = end  # pages from the root to the end of the conversation then

@@ -1,0 +1,194 @@
+"""The reuse eviction policy: what ReuseLearner learns, how ReusePolicy orders, and that replays agree.
+
+The workload that shows the policy's point ("chatty"): a few conversations
+come back every ~40 requests, one page longer each time, between one-shot
+prompts that never come back and add three times more pages than the arena
+holds over that gap. LRU flushes every conversation just before its next
+turn; reuse learns that returning conversations come back soon and keeps them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+from pfxcache.daemon.store import MemoryArena, OutOfMemory, PrefixStore
+from pfxcache.daemon.store.policies import POLICIES, ReusePolicy
+from pfxcache.daemon.store.reuse import BOOST_MAX, BOOST_SCALE, LEARN_EVERY, ReuseLearner
+
+from test_replay import B, replay
+
+NS = b"t"
+
+
+def chatty_trace(requests: int = 2500, conversations: int = 8, gap: int = 40, seed: int = 1):
+    """Mooncake-format trace (blocks of B tokens): see the module docstring."""
+    rng = random.Random(seed)
+    ids = itertools.count(1)
+    convs = [[next(ids)] for _ in range(conversations)]
+    due = [rng.randrange(gap) for _ in range(conversations)]
+    out = []
+    talks = []  # indices of the conversations' requests
+    for i in range(requests):
+        ready = [k for k in range(conversations) if due[k] <= i]
+        if ready:
+            k = ready[0]
+            convs[k].append(next(ids))
+            if len(convs[k]) > 6:  # the conversation ends; a new one takes its place
+                convs[k] = [next(ids)]
+            hash_ids = [0, *convs[k]]
+            due[k] = i + gap + rng.randrange(-5, 6)
+            talks.append(i)
+        else:
+            hash_ids = [0, next(ids), next(ids), next(ids)]
+        out.append(replay.Request("chatty", B * len(hash_ids) + B // 2, hash_ids=[*hash_ids, next(ids)],
+                                  timestamp=float(i)))
+    trace = replay.Trace("chatty", out, B)
+    trace.talks = talks
+    return trace
+
+
+@pytest.fixture(scope="module")
+def chatty():
+    return chatty_trace()
+
+
+# -- the learner on its own ---------------------------------------------------------------------
+
+
+def feed(learner: ReuseLearner, periods: list[tuple[int, int | None]]) -> None:
+    """Each (class, gap or None) starts a period of that class and, with a gap, ends it by a return."""
+    for cls, gap in periods:
+        learner.start(cls)
+        if gap is not None:
+            learner.returned(cls, gap)
+
+
+def test_a_class_that_comes_back_sooner_earns_a_boost():
+    learner = ReuseLearner()
+    quick, slow, never = (learner.classify(g, 1) for g in (20, 2000, None))
+    rng = random.Random(0)
+    periods = []
+    for _ in range(40):
+        periods += [(quick, rng.randrange(10, 30))] * 2 + [(slow, rng.randrange(1500, 2500))] + [(never, None)] * 5
+    feed(learner, periods)
+    assert learner.boost[quick] > 0
+    assert learner.boost[slow] == 0 and learner.boost[never] == 0
+    k = learner.median_gap
+    assert 0 < learner.boost[quick] <= BOOST_SCALE * k * BOOST_MAX
+
+
+def test_no_boosts_when_the_past_predicts_nothing():
+    learner = ReuseLearner()
+    classes = [learner.classify(g, p) for g in (None, 50, 400, 3000) for p in (1, 20)]
+    rng = random.Random(1)
+    periods = []
+    for _ in range(3000):  # every class draws its return from the same distribution
+        gap = int(rng.expovariate(1 / 300)) + 1 if rng.random() < 0.5 else None
+        periods.append((rng.choice(classes), gap))
+    feed(learner, periods)
+    assert learner.median_gap > 0
+    assert all(b == 0 for b in learner.boost)
+
+
+def test_nothing_is_learned_from_too_few_returns():
+    learner = ReuseLearner()
+    # 40 quick returns among 3 x LEARN_EVERY accesses: below the 50 returns needed to learn anything
+    feed(learner, [(learner.classify(5, 1), 5)] * 40 + [(learner.classify(None, 1), None)] * (3 * LEARN_EVERY))
+    assert all(b == 0 for b in learner.boost) and learner.median_gap == 0
+
+
+# -- the policy in the store ----------------------------------------------------------------------
+
+
+def run_store(trace, policy: str, capacity: int) -> tuple[int, PrefixStore]:
+    tick = itertools.count(1)
+    store = PrefixStore(MemoryArena(1, capacity), page_size=B, shards=4, policy=policy,
+                        clock=lambda: float(next(tick)), lease_ttl_ms=0)
+    hit = 0
+    for req in trace.requests:
+        toks, npages = replay.whole_pages(trace, req, B, capacity)
+        packed = toks.tobytes()
+        m = store.match(NS, packed, lease=True, owner=1)
+        hit += m.matched_tokens
+        if npages * B > m.matched_tokens:
+            store.insert(NS, packed, offset=m.matched_tokens, owner=1)
+        if m.lease_id:
+            store.release(m.lease_id, 1)
+    return hit, store
+
+
+def test_registered_and_selectable():
+    assert POLICIES["reuse"] is ReusePolicy
+    store = PrefixStore(MemoryArena(1, 8), page_size=4, shards=1, policy="lru", lease_ttl_ms=0)
+    store.insert(NS, np.arange(8, dtype="<u4").tobytes())
+    store.set_policy("reuse")
+    assert store.policy == "reuse" and store.check() == []
+
+
+def test_keeps_conversations_that_come_back_where_lru_loses_them(chatty):
+    shared = B * (len(chatty.requests) - 1)  # every request but the first hits the shared first page
+    reusable = run_store(chatty, "lru", 100_000)[0] - shared  # conversation tokens an unlimited cache hits
+    lru, _ = run_store(chatty, "lru", 64)
+    reuse, store = run_store(chatty, "reuse", 64)
+    assert lru - shared < 0.05 * reusable  # LRU evicts every conversation before it comes back
+    assert reuse - shared > 0.4 * reusable, (reuse - shared, reusable)
+    learner = store._index.all.learner
+    assert any(learner.boost) and store.check() == []
+
+
+def test_untrained_it_is_lru():
+    # Too few returns to learn from: keys are access ticks, the order is LRU's.
+    short = replay.Trace("short", chatty_trace(requests=120).requests, B)
+    for capacity in (16, 40):
+        assert run_store(short, "reuse", capacity)[0] == run_store(short, "lru", capacity)[0]
+
+
+def test_namespace_eviction_follows_the_learned_keys(chatty):
+    _, store = run_store(chatty, "reuse", 64)
+    last_talk = replay.whole_pages(chatty, chatty.requests[chatty.talks[-1]], B, 64)[0].tobytes()
+    kept = store.cached_tokens(NS, last_talk)
+    assert kept > B  # the latest conversation turn is cached beyond the shared first page
+    before = store.stats(NS)["pages"]
+    result = store.evict_pages(NS, 6)  # PFXEVICT key PAGES 6: the namespace's own index
+    assert result.evicted == 6 and store.stats(NS)["pages"] == before - 6 and store.check() == []
+    assert store.cached_tokens(NS, last_talk) == kept  # one-shot pages went first
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_never_evicts_pinned_pages_and_stays_consistent(seed):
+    rng = random.Random(seed)
+    trace = chatty_trace(requests=600, seed=seed)
+    tick = itertools.count(1)
+    store = PrefixStore(MemoryArena(1, 40), page_size=B, shards=2, policy="reuse",
+                        clock=lambda: float(next(tick)), lease_ttl_ms=0)
+    leases = {}
+    for step, req in enumerate(trace.requests):
+        packed = replay.whole_pages(trace, req, B, 40)[0].tobytes()
+        m = store.match(NS, packed, lease=True, owner=1)
+        if m.lease_id:
+            leases[m.lease_id] = packed[: m.matched_tokens * 4]
+        try:
+            store.insert(NS, packed, offset=m.matched_tokens, owner=1)
+        except OutOfMemory:  # everything left may be pinned
+            pass
+        while len(leases) > rng.randrange(1, 5):
+            lease_id = rng.choice(list(leases))
+            del leases[lease_id]
+            store.release(lease_id, 1)
+        for toks in leases.values():  # leased pages stay cached
+            assert store.cached_tokens(NS, toks) * 4 >= len(toks)
+        if step % 100 == 0:
+            assert store.check() == []
+    assert store.check() == []
+
+
+def test_store_and_daemon_modes_agree(chatty):
+    trace = replay.Trace("chatty", chatty.requests[:1200], B)
+    runner = replay.DaemonRunner(None, 16)
+    store = replay.replay_store(trace, "reuse", 64, B, quiet=True)
+    daemon = runner.run(trace, "reuse", 64, B, 16, quiet=True)
+    assert store["hit_tokens"] == daemon["hit_tokens"]
+    assert store["hit_tokens"] > replay.replay_store(trace, "lru", 64, B, quiet=True)["hit_tokens"]
