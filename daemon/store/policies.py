@@ -230,7 +230,8 @@ class ReusePolicy(HeapPolicy):
     """LRU in logical time, plus a learned boost for prefixes that come back soon.
 
     Key = tick of the last access + boost(class of that access), smallest
-    evicted first. This is the inter-reference-recency idea of LIRS (a
+    evicted first (a class that comes back less than average gets a
+    negative boost). This is the inter-reference-recency idea of LIRS (a
     prefix whose last reuse came quickly tends to come back quickly), with
     the protection learned per class by ReuseLearner instead of fixed: a
     workload where past gaps predict nothing earns no boosts and gets LRU.

@@ -18,6 +18,7 @@ LEARN_HALFLIFE = 2048  # accesses: older observations weigh half (workloads drif
 BOOST_SCALE = 2.0  # a class twice as likely as average to come back soon is kept 2 median gaps longer
 BOOST_MAX = 4.0  # ... the lift (p_c / p - 1) counts up to this
 BOOST_Z = 2.0  # ... and only when 2 standard deviations above average: no boosts for noise
+PENALTY_SCALE = 1.0  # a class significantly below average goes PENALTY_SCALE x K x (p_c / p - 1) earlier
 SHRINK_WEIGHT = 1.0  # boosts shrink as K / (K + eviction age): a large cache keeps things long anyway
 
 
@@ -41,9 +42,11 @@ class ReuseLearner:
     median return gap, p_c = the share of class c's periods that ended
     within K, p = the same over all classes. A class whose p_c is
     significantly above p (BOOST_Z standard deviations) earns a boost of
-    BOOST_SCALE x K x (p_c / p - 1) ticks, times K / (K + eviction age).
-    Classes not above average get none: when nothing predicts a quick
-    return, the policy is exactly LRU.
+    BOOST_SCALE x K x (p_c / p - 1) ticks, one significantly below gets a
+    negative one, PENALTY_SCALE x K x (p_c / p - 1); both times
+    K / (K + eviction age), since a large cache keeps everything long anyway.
+    Classes not significantly different get none: when nothing predicts a
+    quick return, the policy is exactly LRU.
     """
 
     def __init__(self) -> None:
@@ -97,10 +100,14 @@ class ReuseLearner:
         for c, n in enumerate(starts):
             b = 0.0
             if n > 10 and 0.0 < p_all < 1.0:
-                excess = soon[c] - n * p_all
-                if excess > BOOST_Z * math.sqrt(n * p_all * (1.0 - p_all)):
-                    lift = min(soon[c] / (n * p_all) - 1.0, BOOST_MAX)
-                    b = BOOST_SCALE * k * lift * shrink
+                expected = n * p_all
+                excess = soon[c] - expected
+                noise = BOOST_Z * math.sqrt(expected * (1.0 - p_all))
+                lift = soon[c] / expected - 1.0
+                if excess > noise:
+                    b = BOOST_SCALE * k * min(lift, BOOST_MAX) * shrink
+                elif -excess > noise:
+                    b = PENALTY_SCALE * k * lift * shrink  # lift < 0: evicted sooner than LRU would
             boost[c] = b
         decay = 0.5 ** (LEARN_EVERY / LEARN_HALFLIFE)
         for c in range(len(starts)):
