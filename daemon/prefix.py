@@ -124,6 +124,7 @@ class PrefixService:
                 "blocks-free": store.stats()["blocks_free"],
             },
             "policy": store.policy,
+            "policy-state": {k.replace("_", "-"): v for k, v in store.policy_state().items()},
             "lease-ttl": store.lease_ttl_ms,
             "stats": store.stats(namespace),
         }
@@ -151,5 +152,6 @@ class PrefixService:
             ("evictions", stats["evictions"]),
             ("inserts", stats["inserts"]),
             ("active_leases", stats["leases"]),
+            *self.store.policy_state().items(),
         ]
         return [(f"pfxcache_{name}", value) for name, value in fields]

@@ -13,6 +13,7 @@ import itertools
 import random
 
 import numpy as np
+import redis
 import pytest
 from pfxcache.daemon.store import MemoryArena, OutOfMemory, PrefixStore
 from pfxcache.daemon.store.policies import POLICIES, ReusePolicy
@@ -193,3 +194,22 @@ def test_store_and_daemon_modes_agree(chatty):
     daemon = runner.run(trace, "reuse", 64, B, 16, quiet=True)
     assert store["hit_tokens"] == daemon["hit_tokens"]
     assert store["hit_tokens"] > replay.replay_store(trace, "lru", 64, B, quiet=True)["hit_tokens"]
+
+
+def test_info_and_pfxinfo_show_what_it_learned(fresh_daemon, chatty):
+    d = fresh_daemon("--arena", "memory", "--maxmemory", str(64 * 16), "--block-bytes", "16", "--page-size", str(B),
+                     "--maxmemory-policy", "reuse", "--evict-low-watermark", "0")
+    r = redis.Redis(*d.address, protocol=3, decode_responses=True)
+    before = r.info("pfxcache")
+    assert before["pfxcache_reuse_boosted_classes"] == 0 and before["pfxcache_reuse_median_gap_ticks"] == 0
+    runner = replay.DaemonRunner(f"redis://{d.host}:{d.port}", 16)
+    runner.run(replay.Trace("chatty", chatty.requests[:1200], B), "reuse", 64, B, 16, quiet=True)
+    after = r.info("pfxcache")
+    assert after["pfxcache_reuse_boosted_classes"] > 0 and after["pfxcache_reuse_max_boost_ticks"] > 0
+    assert after["pfxcache_reuse_median_gap_ticks"] > 0 and after["pfxcache_reuse_ghost_entries"] > 0
+    state = r.execute_command("PFXINFO")["policy-state"]
+    assert state["reuse-boosted-classes"] == after["pfxcache_reuse_boosted_classes"]
+    r.config_set("maxmemory-policy", "lru")  # other policies learn nothing and show nothing
+    assert not any(name.startswith("pfxcache_reuse") for name in r.info("pfxcache"))
+    assert r.execute_command("PFXINFO")["policy-state"] == {}
+    r.close()

@@ -260,6 +260,18 @@ class ReusePolicy(HeapPolicy):
         self._now = 0  # latest tick seen
         self._victim_parent = None  # parent of the latest victim: pushed when its last child goes
 
+    def describe(self) -> dict:
+        """What the policy has learned, for INFO and PFXINFO."""
+        boost = self.learner.boost
+        return {
+            "reuse_median_gap_ticks": round(self.learner.median_gap),
+            "reuse_eviction_age_ticks": round(self.learner.eviction_age),
+            "reuse_boosted_classes": sum(1 for b in boost if b > 0),
+            "reuse_max_boost_ticks": round(max(boost)),
+            "reuse_penalized_classes": sum(1 for b in boost if b < 0),
+            "reuse_ghost_entries": len(self._ghost),
+        }
+
     def for_scope(self) -> ReusePolicy:
         """The instance for one namespace's index: same keys, no learning."""
         return ReusePolicy(self.learner, scoped=True)
@@ -285,13 +297,17 @@ class ReusePolicy(HeapPolicy):
                 pdata = parent.policy_data
                 if pdata is not None and pdata.freq != parent.freq:
                     learner.returned(pdata.cls, gap)
+                elif pdata is not None and pdata.tick == parent.tick:
+                    # A lookup without a lease re-indexed the hit parent at once and counted this
+                    # return then, with a start of its own that this leaf now replaces.
+                    learner.unstart(pdata.cls)
                 cls = learner.classify(gap, added)
                 # The whole conversation now belongs to this class; like the path's pages, the
                 # parent keeps the later of its old key and the new one.
                 key = parent.tick + learner.boost[cls]
                 if pdata is not None and pdata.key > key:
                     key = pdata.key
-                parent.policy_data = Access(cls, parent.freq, key, end)
+                parent.policy_data = Access(cls, parent.freq, key, end, parent.tick)
             else:
                 seen = self._ghost.pop(self._first_page(node), None)
                 if seen is not None:  # came back after being evicted
@@ -324,7 +340,7 @@ class ReusePolicy(HeapPolicy):
             key = tick + self.learner.boost[cls]
             if old is not None and old.key > key:  # keys only grow, as in LRU
                 key = old.key
-            node.policy_data = Access(cls, node.freq, key, end)
+            node.policy_data = Access(cls, node.freq, key, end, tick)
         heapq.heappush(self._heap, (key, next(self._seq), node.version, node))
         self.live += 1
 
@@ -390,6 +406,11 @@ class EvictionIndex:
         index = self.scopes.get(scope)
         if index is not None and not index.live:
             del self.scopes[scope]
+
+    def describe(self) -> dict:
+        """Policy-specific figures (what a learning policy has learned); empty for the others."""
+        describe = getattr(self.all, "describe", None)
+        return describe() if describe is not None else {}
 
     def best(self, now: float, scope: bytes | None = None):
         """The next victim, globally or within one scope; None when nothing is evictable."""

@@ -72,6 +72,10 @@ class ReuseLearner:
             self._pending = 0
             self._recompute()
 
+    def unstart(self, cls: int) -> None:
+        """Take back a start counted for an access that turned out to be part of a later one."""
+        self.starts[cls] = max(self.starts[cls] - 1.0, 0.0)
+
     def returned(self, cls: int, gap: int) -> None:
         """A prefix last accessed in class ``cls`` came back after ``gap`` ticks."""
         self.returns[cls][_gap_bucket(gap)] += 1.0
@@ -120,10 +124,11 @@ class ReuseLearner:
 class Access:
     """What ReusePolicy keeps on a node (``node.policy_data``): its latest access as the policy saw it."""
 
-    __slots__ = ("cls", "end", "freq", "key")
+    __slots__ = ("cls", "end", "freq", "key", "tick")
 
-    def __init__(self, cls: int | None, freq: int, key: float, end: int) -> None:
+    def __init__(self, cls: int | None, freq: int, key: float, end: int, tick: int) -> None:
         self.cls = cls  # ReuseLearner class of the access
         self.freq = freq  # node.freq then: a higher freq later means it was hit since
         self.key = key  # heap key given (per-namespace instances reuse it)
         self.end = end  # pages from the root to the end of the conversation then
+        self.tick = tick  # node.tick then

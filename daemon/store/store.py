@@ -741,6 +741,10 @@ class PrefixStore:
             "leases": len(self._leases), "inserts_in_progress": len(self._plans), "namespaces": len(self._ns),
         }
 
+    def policy_state(self) -> dict:
+        """What the eviction policy has learned (empty unless it learns: see policies.ReusePolicy.describe)."""
+        return self._index.describe()
+
     def info(self) -> dict:
         """Everything PFXINFO shows: configuration, arena and global counters."""
         return {"arena": self.arena.describe(), "lease_ttl_ms": self.lease_ttl_ms, "max_alloc": self.max_alloc,
