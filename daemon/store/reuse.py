@@ -3,13 +3,16 @@
 The policy (policies.ReusePolicy) reports every access of a prefix and every
 return (the prefix came back, as a hit or through its ghost after eviction);
 ReuseLearner turns those into one boost per class, in ticks, that the policy
-adds to the access time. Plain Python, no dependencies: testable on its own.
+adds to the access time. Plain synchronous code (numpy for the per-class
+tables): testable on its own.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+
+import numpy as np
 
 GAP_BUCKETS = 48  # half-octave buckets of a reuse gap in ticks: up to 2**24 ticks
 SIZE_BUCKETS = (4, 16, 64)  # pages an access added: < 4, < 16, < 64, more (and a bucket for "not known")
@@ -51,9 +54,9 @@ class ReuseLearner:
 
     def __init__(self) -> None:
         nclasses = (GAP_BUCKETS + 1) * (len(SIZE_BUCKETS) + 2)
-        self.starts = [0.0] * nclasses
-        self.returns = [[0.0] * GAP_BUCKETS for _ in range(nclasses)]
-        self.boost = [0.0] * nclasses
+        self.starts = np.zeros(nclasses)
+        self.returns = np.zeros((nclasses, GAP_BUCKETS))
+        self.boost = [0.0] * nclasses  # a list: read once per access, in the heap key
         self.median_gap = 0.0
         self.eviction_age = 0.0  # EWMA of (now - key) of victims, in ticks
         self._pending = 0
@@ -78,47 +81,41 @@ class ReuseLearner:
 
     def returned(self, cls: int, gap: int) -> None:
         """A prefix last accessed in class ``cls`` came back after ``gap`` ticks."""
-        self.returns[cls][_gap_bucket(gap)] += 1.0
+        self.returns[cls, _gap_bucket(gap)] += 1.0
 
     def evicted(self, age: float) -> None:
         """A victim was evicted ``age`` ticks after its key (negative: before its boost ran out)."""
         self.eviction_age += 0.01 * (age - self.eviction_age)
 
     def _recompute(self) -> None:
-        totals = [sum(col) for col in zip(*self.returns)]
-        total = sum(totals)
-        if total < 50:
+        returns = self.returns
+        by_gap = returns.sum(axis=0)
+        total = by_gap.sum()
+        if total < 50:  # too little to learn from (and nothing to forget yet)
             return
-        acc, kb = 0.0, 0
-        for kb, n in enumerate(totals):
-            acc += n
-            if acc >= total / 2:
-                break
-        k = 2 ** ((kb + 1) / 2)  # upper edge of the median's bucket
+        kb = int(np.searchsorted(np.cumsum(by_gap), total / 2))  # the median's bucket
+        k = 2 ** ((kb + 1) / 2)  # its upper edge
         self.median_gap = k
-        soon = [sum(row[: kb + 1]) for row in self.returns]
+        soon = returns[:, : kb + 1].sum(axis=1)
         starts = self.starts
-        p_all = sum(soon) / max(sum(starts), 1e-9)
-        shrink = k / (k + SHRINK_WEIGHT * max(self.eviction_age, 0.0))
-        boost = self.boost
-        for c, n in enumerate(starts):
-            b = 0.0
-            if n > 10 and 0.0 < p_all < 1.0:
-                expected = n * p_all
-                excess = soon[c] - expected
-                noise = BOOST_Z * math.sqrt(expected * (1.0 - p_all))
-                lift = soon[c] / expected - 1.0
-                if excess > noise:
-                    b = BOOST_SCALE * k * min(lift, BOOST_MAX) * shrink
-                elif -excess > noise:
-                    b = PENALTY_SCALE * k * lift * shrink  # lift < 0: evicted sooner than LRU would
-            boost[c] = b
+        p_all = soon.sum() / max(starts.sum(), 1e-9)
+        if 0.0 < p_all < 1.0:
+            shrink = k / (k + SHRINK_WEIGHT * max(self.eviction_age, 0.0))
+            expected = starts * p_all
+            excess = soon - expected
+            noise = BOOST_Z * np.sqrt(expected * (1.0 - p_all))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lift = np.where(expected > 0, soon / expected - 1.0, 0.0)
+            boost = np.where(excess > noise, BOOST_SCALE * k * np.minimum(lift, BOOST_MAX) * shrink, 0.0)
+            # below average (lift < 0): evicted sooner than LRU would
+            boost = np.where(-excess > noise, PENALTY_SCALE * k * lift * shrink, boost)
+            boost[starts <= 10] = 0.0  # too few accesses of the class to say anything
+            self.boost = boost.tolist()
+        else:
+            self.boost = [0.0] * len(self.boost)
         decay = 0.5 ** (LEARN_EVERY / LEARN_HALFLIFE)
-        for c in range(len(starts)):
-            starts[c] *= decay
-            row = self.returns[c]
-            for i in range(len(row)):
-                row[i] *= decay
+        starts *= decay
+        returns *= decay
 
 
 class Access:
