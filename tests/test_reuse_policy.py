@@ -185,6 +185,7 @@ def test_never_evicts_pinned_pages_and_stays_consistent(seed):
         if step % 100 == 0:
             assert store.check() == []
     assert store.check() == []
+    assert any(store._index.all.learner.boost)  # checked while the learned keys were in play
 
 
 def test_store_and_daemon_modes_agree(chatty):
