@@ -214,3 +214,61 @@ def test_info_and_pfxinfo_show_what_it_learned(fresh_daemon, chatty):
     assert not any(name.startswith("pfxcache_reuse") for name in r.info("pfxcache"))
     assert r.execute_command("PFXINFO")["policy-state"] == {}
     r.close()
+
+
+def small_store(nblocks: int = 64) -> PrefixStore:
+    tick = itertools.count(1)
+    return PrefixStore(MemoryArena(1, nblocks), page_size=4, shards=1, policy="reuse",
+                       clock=lambda: float(next(tick)), lease_ttl_ms=0)
+
+
+def tokens(*pages: int) -> bytes:
+    return np.asarray([p * 4 + j for p in pages for j in range(4)], dtype="<u4").tobytes()
+
+
+def learned(store: PrefixStore) -> tuple[float, float]:
+    learner = store._index.all.learner
+    return float(learner.starts.sum()), float(learner.returns.sum())
+
+
+def test_a_parent_uncovered_by_a_command_is_not_an_access():
+    store = small_store()
+    store.insert(NS, tokens(1, 2, 3))
+    store.insert(NS, tokens(1, 2, 9))
+    for _ in range(3):
+        m = store.match(NS, tokens(1, 2, 3))
+        store.release(m.lease_id, 0)
+    before = learned(store)
+    assert store.evict_pages(NS, 2).evicted == 2  # both tails: the shared prefix becomes a leaf
+    assert learned(store) == before
+    store.evict_all(NS)
+    assert learned(store) == before and store.check() == []
+
+
+def test_the_ghost_belongs_to_a_namespace():
+    store = small_store()
+    store.insert(b"a", tokens(1, 2))
+    store.evict_all(b"a")
+    _, returns = learned(store)
+    store.insert(b"b", tokens(1, 2))  # the same tokens in another tenant: nothing of a's came back
+    assert learned(store)[1] == returns
+    store.insert(b"a", tokens(1, 2))  # a's prefix came back after it was evicted
+    assert learned(store)[1] == returns + 1
+
+
+def test_flushall_forgets_what_was_learned(chatty):
+    _, store = run_store(chatty, "reuse", 64)
+    assert store.policy_state()["reuse_boosted_classes"] > 0
+    store.flush()
+    state = store.policy_state()
+    assert state["reuse_boosted_classes"] == 0 and state["reuse_ghost_entries"] == 0 and store.check() == []
+
+
+def test_replaying_twice_on_one_daemon_gives_the_same_figures(fresh_daemon, chatty):
+    d = fresh_daemon("--arena", "memory", "--maxmemory", str(64 * 16), "--block-bytes", "16", "--page-size", str(B),
+                     "--maxmemory-policy", "reuse", "--evict-low-watermark", "0")
+    trace = replay.Trace("chatty", chatty.requests[:800], B)
+    runner = replay.DaemonRunner(f"redis://{d.host}:{d.port}", 16)
+    first = runner.run(trace, "reuse", 64, B, 16, quiet=True)["hit_tokens"]
+    second = runner.run(trace, "reuse", 64, B, 16, quiet=True)["hit_tokens"]
+    assert first == second == replay.replay_store(trace, "reuse", 64, B, quiet=True)["hit_tokens"]

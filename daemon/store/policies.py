@@ -43,8 +43,8 @@ class HeapPolicy:
     def key(node) -> tuple:
         raise NotImplementedError
 
-    def push(self, node) -> None:
-        """Index an evictable node (its version was just bumped)."""
+    def push(self, node, uncovered: bool = False) -> None:
+        """Index an evictable node (its version was just bumped); ``uncovered``: its last child was evicted."""
         heapq.heappush(self._heap, (*self.key(node), next(self._seq), node.version, node))
         self.live += 1
 
@@ -112,7 +112,7 @@ class HybridPolicy:
         self.live = 0
         self._entries = 0
 
-    def push(self, node) -> None:
+    def push(self, node, uncovered: bool = False) -> None:
         heapq.heappush(self._buckets[_bucket(node.freq)], (node.last_access, next(self._seq), node.version, node))
         self.live += 1
         self._entries += 1
@@ -197,7 +197,7 @@ class GhostPolicy(HeapPolicy):
         return (parent is not None and parent.parent is not None and parent.freq > 0
                 and len(parent.children) == 1)
 
-    def push(self, node) -> None:
+    def push(self, node, uncovered: bool = False) -> None:
         key = node.last_access
         if node.freq == 0 and not node.children:  # a leaf never hit: just stored (or a cold parent)
             h = self._first_page(node)
@@ -258,7 +258,6 @@ class ReusePolicy(HeapPolicy):
         self.scoped = scoped
         self._ghost: OrderedDict[int, tuple[int | None, int, int]] = OrderedDict()  # first page -> class, tick, end
         self._now = 0  # latest tick seen
-        self._victim_parent = None  # parent of the latest victim: pushed when its last child goes
 
     def describe(self) -> dict:
         """What the policy has learned, for INFO and PFXINFO."""
@@ -277,10 +276,12 @@ class ReusePolicy(HeapPolicy):
         return ReusePolicy(self.learner, scoped=True)
 
     @staticmethod
-    def _first_page(node) -> int:
-        return zlib.crc32(node.key[: node.tree.page_bytes])
+    def _ghost_key(node) -> int:
+        """The first page of ``node``'s edge, within its namespace (tenants never share a ghost entry)."""
+        tree = node.tree
+        return zlib.crc32(node.key[: tree.page_bytes], zlib.crc32(tree.scope))
 
-    def _classify(self, node) -> tuple[int, int]:
+    def _classify(self, node, uncovered: bool) -> tuple[int, int]:
         """(class, conversation end in pages) of ``node``'s latest access; counts the periods it ends and starts."""
         learner = self.learner
         data = node.policy_data
@@ -297,9 +298,10 @@ class ReusePolicy(HeapPolicy):
                 pdata = parent.policy_data
                 if pdata is not None and pdata.freq != parent.freq:
                     learner.returned(pdata.cls, gap)
-                elif pdata is not None and pdata.tick == parent.tick:
-                    # A lookup without a lease re-indexed the hit parent at once and counted this
-                    # return then, with a start of its own that this leaf now replaces.
+                elif pdata is not None and pdata.tick == parent.tick and pdata.end == end - added:
+                    # A lookup without a lease re-indexed the hit parent at once (it was a leaf, the
+                    # end of that access) and counted this return then, with a start of its own
+                    # that this leaf now replaces.
                     learner.unstart(pdata.cls)
                 cls = learner.classify(gap, added)
                 # The whole conversation now belongs to this class; like the path's pages, the
@@ -309,7 +311,7 @@ class ReusePolicy(HeapPolicy):
                     key = pdata.key
                 parent.policy_data = Access(cls, parent.freq, key, end, parent.tick)
             else:
-                seen = self._ghost.pop(self._first_page(node), None)
+                seen = self._ghost.pop(self._ghost_key(node), None)
                 if seen is not None:  # came back after being evicted
                     seen_cls, seen_tick, seen_end = seen
                     gap = max(node.tick - seen_tick, 1)
@@ -319,15 +321,15 @@ class ReusePolicy(HeapPolicy):
                 cls = learner.classify(gap, added)
             learner.start(cls)
             return cls, end
-        if data.freq != node.freq and node is not self._victim_parent:
-            # hit since its class was set (and not just uncovered by an eviction): a return that added nothing
+        if data.freq != node.freq and not uncovered:
+            # hit since its class was set (not just uncovered by an eviction): a return that added nothing
             learner.returned(data.cls, node.gap or 1)
             cls = learner.classify(node.gap or None, 0)
             learner.start(cls)
             return cls, data.end
         return data.cls, data.end
 
-    def push(self, node) -> None:
+    def push(self, node, uncovered: bool = False) -> None:
         if self.scoped:
             data = node.policy_data
             key = data.key if data is not None else node.tick
@@ -336,7 +338,7 @@ class ReusePolicy(HeapPolicy):
             if tick > self._now:
                 self._now = tick
             old = node.policy_data
-            cls, end = self._classify(node)
+            cls, end = self._classify(node, uncovered)
             key = tick + self.learner.boost[cls]
             if old is not None and old.key > key:  # keys only grow, as in LRU
                 key = old.key
@@ -344,20 +346,20 @@ class ReusePolicy(HeapPolicy):
         heapq.heappush(self._heap, (key, next(self._seq), node.version, node))
         self.live += 1
 
-    def peek(self, now: float):
-        node = super().peek(now)
-        if node is not None and not self.scoped:
-            self._victim_parent = node.parent
-            self.learner.evicted(self._now - self._heap[0][0])
-            data = node.policy_data
-            ghost = self._ghost
-            h = self._first_page(node)
-            ghost[h] = (data.cls, node.tick, data.end) if data is not None else (None, node.tick, 0)
-            ghost.move_to_end(h)
-            limit = max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX))
-            while len(ghost) > limit:
-                ghost.popitem(last=False)
-        return node
+    def evicted(self, node, whole: bool) -> None:
+        """Pages of ``node`` are evicted: note the eviction age; a ``whole`` node goes into the ghost."""
+        data = node.policy_data
+        if data is not None:
+            self.learner.evicted(self._now - data.key)
+        if not whole:
+            return
+        ghost = self._ghost
+        h = self._ghost_key(node)
+        ghost[h] = (data.cls, node.tick, data.end) if data is not None else (None, node.tick, 0)
+        ghost.move_to_end(h)
+        limit = max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX))
+        while len(ghost) > limit:
+            ghost.popitem(last=False)
 
 
 POLICIES = {cls.name: cls for cls in (LRUPolicy, LFUPolicy, HybridPolicy, GhostPolicy, ReusePolicy)}
@@ -387,12 +389,21 @@ class EvictionIndex:
             index = self.scopes[scope] = for_scope() if for_scope is not None else self.factory()
         return index
 
-    def add(self, node) -> None:
-        """``node`` became an unpinned leaf (or its priority changed after remove())."""
+    def add(self, node, uncovered: bool = False) -> None:
+        """``node`` became an unpinned leaf (or its priority changed after remove()).
+
+        ``uncovered``: it became a leaf because its last child was evicted (not an access).
+        """
         node.version += 1
         node.evictable = True
-        self.all.push(node)
-        self._scoped(node.tree.scope).push(node)
+        self.all.push(node, uncovered)
+        self._scoped(node.tree.scope).push(node, uncovered)
+
+    def evicted(self, node, whole: bool) -> None:
+        """Pages of ``node`` are being evicted (by policy or by command): its tail, or ``whole`` it."""
+        evicted = getattr(self.all, "evicted", None)
+        if evicted is not None:
+            evicted(node, whole)
 
     def remove(self, node) -> None:
         """``node`` is no longer an unpinned leaf (pinned, got a child, left the tree, or is being touched)."""

@@ -250,12 +250,14 @@ class RadixTree:
         """
         n = len(node.blocks)
         if k < n:
+            self.index.evicted(node, whole=False)
             freed = node.blocks[n - k :]
             del node.blocks[n - k :]
             node.key = node.key[: (n - k) * self.page_bytes]
             self._count(-k, -k)
             return freed  # same priority, still a leaf: its index entries stay valid
         freed = node.blocks
+        self.index.evicted(node, whole=True)
         self.index.remove(node)
         parent = node.parent
         del parent.children[node.key[: self.page_bytes]]
@@ -264,7 +266,7 @@ class RadixTree:
         self.nodes -= 1
         self._count(-n, -n)
         if parent.parent is not None and not parent.children and parent.lock_ref == 0:
-            self.index.add(parent)
+            self.index.add(parent, uncovered=True)
         return freed
 
     @staticmethod

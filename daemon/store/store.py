@@ -672,12 +672,13 @@ class PrefixStore:
         self._index.forget_scope(rec.name)
 
     def flush(self) -> EvictResult:
-        """Drop every unpinned page of every namespace."""
+        """Drop every unpinned page of every namespace, and what the eviction policy learned from them."""
         evicted = pinned = 0
         for name in list(self._ns):
             e, _, p = self.evict_all(name)
             evicted += e
             pinned += p
+        self.set_policy(self.policy)  # a fresh index: a learning policy starts over
         return self._result(evicted, pinned)
 
     def evict_to_watermark(self, low_free_blocks: int) -> EvictResult:
