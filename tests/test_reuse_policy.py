@@ -180,6 +180,10 @@ def test_never_evicts_pinned_pages_and_stays_consistent(seed):
             lease_id = rng.choice(list(leases))
             del leases[lease_id]
             store.release(lease_id, 1)
+        if rng.random() < 0.05:  # PFXEVICT on the namespace: its own index, the learned keys
+            store.evict_pages(NS, rng.randrange(1, 6))
+        if rng.random() < 0.01:  # an unleased lookup: the hit leaf is re-indexed at once
+            store.match(NS, packed, lease=False)
         for toks in leases.values():  # leased pages stay cached
             assert store.cached_tokens(NS, toks) * 4 >= len(toks)
         if step % 100 == 0:

@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 
+import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -154,8 +155,9 @@ def _wait(predicate, timeout: float) -> bool:
     return predicate()
 
 
-def test_soak_mixed_load_with_abrupt_clients_and_killed_workers():
-    daemon = start_daemon(*ARGS)
+@pytest.mark.parametrize("policy", ["hybrid", "reuse"])
+def test_soak_mixed_load_with_abrupt_clients_and_killed_workers(policy):
+    daemon = start_daemon(*ARGS, "--maxmemory-policy", policy)
     try:
         r = redis.Redis(host=daemon.host, port=daemon.port, protocol=2)
         rss_before = _rss_bytes(daemon.proc.pid)
@@ -191,6 +193,8 @@ def test_soak_mixed_load_with_abrupt_clients_and_killed_workers():
         assert s["blocks_free"] + s["blocks_cached"] == s["blocks_total"], s
         assert s["blocks_leased"] == 0 and s["inserts_in_progress"] == 0 and s["pinned_pages"] == 0, s
         assert r.execute_command("PFXCHECK") == b"OK"
+        if policy == "reuse":  # the load had it learn something, and the store stayed consistent
+            assert r.info("pfxcache")["pfxcache_reuse_median_gap_ticks"] > 0
         assert r.info("clients")["connected_clients"] == 1
         # RSS bounded: a 64 KiB arena and a few hundred connections do not grow the daemon by much.
         assert rss_peak - rss_before < 150 * 2**20, (rss_before, rss_peak)
