@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import zlib
 from collections import OrderedDict
 
@@ -226,6 +227,13 @@ class GhostPolicy(HeapPolicy):
         return node
 
 
+def _typical(gap: int | None, prev: int) -> int | None:
+    """The gap a class is made of: the latest, or the geometric mean of the last two when both are known."""
+    if gap is None or not prev:
+        return gap
+    return max(math.isqrt(gap * prev), 1)
+
+
 class ReusePolicy(HeapPolicy):
     """LRU in logical time, plus a learned boost for prefixes that come back soon.
 
@@ -240,9 +248,11 @@ class ReusePolicy(HeapPolicy):
     whose parent is private to it and was just hit (the next turn of a
     conversation); a new leaf whose first page is in the ghost of recent
     evictions (the conversation came back after it was evicted; the ghost
-    keeps the class and tick of its last access). Ticks count lookups and
+    keeps the class, tick and gap of its last access). The gap that makes a
+    class is the geometric mean of the prefix's last two return gaps when it
+    has two (one gap alone predicts the next poorly). Ticks count lookups and
     inserts, so a replay in process and one through the daemon agree. The
-    path above an access keeps the larger of its old key and the new one, as
+    parent of a new turn keeps the larger of its old key and the new one, as
     last-access times do. O(log n) per access and eviction, O(classes) every
     LEARN_EVERY accesses.
 
@@ -281,53 +291,62 @@ class ReusePolicy(HeapPolicy):
         tree = node.tree
         return zlib.crc32(node.key[: tree.page_bytes], zlib.crc32(tree.scope))
 
-    def _classify(self, node, uncovered: bool) -> tuple[int, int]:
-        """(class, conversation end in pages) of ``node``'s latest access; counts the periods it ends and starts."""
+    def _classify(self, node, uncovered: bool) -> tuple[int, int, int]:
+        """(class, conversation end in pages, return gap) of ``node``'s latest access.
+
+        Counts the periods it ends and starts. The class's gap is the geometric mean of the last
+        two return gaps when both are known (one gap is a noisy predictor of the next).
+        """
         learner = self.learner
         data = node.policy_data
         if data is None:
             end = node.tree.depth_pages(node)
             if node.freq or node.children:  # an inner node whose history the policy never saw
-                return learner.classify(node.gap or None, None), end
+                return learner.classify(node.gap or None, None), end, node.gap
             gap = None
+            prev = 0
             added = len(node.blocks)
             parent = node.parent
             if parent.parent is not None and len(parent.children) == 1 and parent.gap:
                 # the next turn of a conversation: its parent came back after parent.gap ticks
                 gap = parent.gap
                 pdata = parent.policy_data
-                if pdata is not None and pdata.freq != parent.freq:
-                    learner.returned(pdata.cls, gap)
-                elif pdata is not None and pdata.tick == parent.tick and pdata.end == end - added:
-                    # A lookup without a lease re-indexed the hit parent at once (it was a leaf, the
-                    # end of that access) and counted this return then, with a start of its own
-                    # that this leaf now replaces.
-                    learner.unstart(pdata.cls)
-                cls = learner.classify(gap, added)
+                if pdata is not None:
+                    prev = pdata.gap
+                    if pdata.freq != parent.freq:
+                        learner.returned(pdata.cls, gap)
+                    elif pdata.tick == parent.tick and pdata.end == end - added:
+                        # A lookup without a lease re-indexed the hit parent at once (it was a leaf,
+                        # the end of that access) and counted this return then, with a start of its
+                        # own that this leaf now replaces; its gap was this one.
+                        learner.unstart(pdata.cls)
+                        prev = pdata.prev
+                cls = learner.classify(_typical(gap, prev), added)
                 # The whole conversation now belongs to this class; like the path's pages, the
                 # parent keeps the later of its old key and the new one.
                 key = parent.tick + learner.boost[cls]
                 if pdata is not None and pdata.key > key:
                     key = pdata.key
-                parent.policy_data = Access(cls, parent.freq, key, end, parent.tick)
+                parent.policy_data = Access(cls, parent.freq, key, end, parent.tick, gap, prev)
             else:
                 seen = self._ghost.pop(self._ghost_key(node), None)
                 if seen is not None:  # came back after being evicted
-                    seen_cls, seen_tick, seen_end = seen
+                    seen_cls, seen_tick, seen_end, prev = seen
                     gap = max(node.tick - seen_tick, 1)
                     if seen_cls is not None:
                         learner.returned(seen_cls, gap)
                     added = max(end - seen_end, 0)
-                cls = learner.classify(gap, added)
+                cls = learner.classify(_typical(gap, prev), added)
             learner.start(cls)
-            return cls, end
+            return cls, end, gap or 0, prev
         if data.freq != node.freq and not uncovered:
             # hit since its class was set (not just uncovered by an eviction): a return that added nothing
-            learner.returned(data.cls, node.gap or 1)
-            cls = learner.classify(node.gap or None, 0)
+            gap = node.gap or 1
+            learner.returned(data.cls, gap)
+            cls = learner.classify(_typical(gap, data.gap), 0)
             learner.start(cls)
-            return cls, data.end
-        return data.cls, data.end
+            return cls, data.end, gap, data.gap
+        return data.cls, data.end, data.gap, data.prev
 
     def push(self, node, uncovered: bool = False) -> None:
         if self.scoped:
@@ -338,11 +357,11 @@ class ReusePolicy(HeapPolicy):
             if tick > self._now:
                 self._now = tick
             old = node.policy_data
-            cls, end = self._classify(node, uncovered)
+            cls, end, gap, prev = self._classify(node, uncovered)
             key = tick + self.learner.boost[cls]
             if old is not None and old.key > key:  # keys only grow, as in LRU
                 key = old.key
-            node.policy_data = Access(cls, node.freq, key, end, tick)
+            node.policy_data = Access(cls, node.freq, key, end, tick, gap, prev)
         heapq.heappush(self._heap, (key, next(self._seq), node.version, node))
         self.live += 1
 
@@ -355,7 +374,7 @@ class ReusePolicy(HeapPolicy):
             return
         ghost = self._ghost
         h = self._ghost_key(node)
-        ghost[h] = (data.cls, node.tick, data.end) if data is not None else (None, node.tick, 0)
+        ghost[h] = (data.cls, node.tick, data.end, data.gap) if data is not None else (None, node.tick, 0, 0)
         ghost.move_to_end(h)
         limit = max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX))
         while len(ghost) > limit:

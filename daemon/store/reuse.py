@@ -121,11 +121,14 @@ class ReuseLearner:
 class Access:
     """What ReusePolicy keeps on a node (``node.policy_data``): its latest access as the policy saw it."""
 
-    __slots__ = ("cls", "end", "freq", "key", "tick")
+    __slots__ = ("cls", "end", "freq", "gap", "key", "prev", "tick")
 
-    def __init__(self, cls: int | None, freq: int, key: float, end: int, tick: int) -> None:
+    def __init__(self, cls: int | None, freq: int, key: float, end: int, tick: int, gap: int = 0,
+                 prev: int = 0) -> None:
         self.cls = cls  # ReuseLearner class of the access
         self.freq = freq  # node.freq then: a higher freq later means it was hit since
         self.key = key  # heap key given (per-namespace instances reuse it)
         self.end = end  # pages from the root to the end of the conversation then
         self.tick = tick  # node.tick then
+        self.gap = gap  # the return gap that brought that access (0: none known)
+        self.prev = prev  # the one before it
