@@ -276,3 +276,14 @@ def test_replaying_twice_on_one_daemon_gives_the_same_figures(fresh_daemon, chat
     first = runner.run(trace, "reuse", 64, B, 16, quiet=True)["hit_tokens"]
     second = runner.run(trace, "reuse", 64, B, 16, quiet=True)["hit_tokens"]
     assert first == second == replay.replay_store(trace, "reuse", 64, B, quiet=True)["hit_tokens"]
+
+
+def test_switching_to_it_with_history_it_never_saw():
+    store = small_store()
+    store.set_policy("lru")
+    store.insert(NS, tokens(1, 2, 3))
+    store.insert(NS, tokens(1, 2, 9))
+    store.match(NS, tokens(1, 2, 3), lease=False)  # the shared prefix was hit, as an inner node
+    store.set_policy("reuse")
+    assert store.evict_pages(NS, 3).evicted == 3  # both tails, then the prefix's own page
+    assert store.check() == [] and store.cached_tokens(NS, tokens(1, 2, 3)) == 4

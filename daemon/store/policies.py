@@ -291,8 +291,8 @@ class ReusePolicy(HeapPolicy):
         tree = node.tree
         return zlib.crc32(node.key[: tree.page_bytes], zlib.crc32(tree.scope))
 
-    def _classify(self, node, uncovered: bool) -> tuple[int, int, int]:
-        """(class, conversation end in pages, return gap) of ``node``'s latest access.
+    def _classify(self, node, uncovered: bool) -> tuple[int, int, int, int]:
+        """(class, conversation end in pages, return gap, the gap before) of ``node``'s latest access.
 
         Counts the periods it ends and starts. The class's gap is the geometric mean of the last
         two return gaps when both are known (one gap is a noisy predictor of the next).
@@ -302,7 +302,7 @@ class ReusePolicy(HeapPolicy):
         if data is None:
             end = node.tree.depth_pages(node)
             if node.freq or node.children:  # an inner node whose history the policy never saw
-                return learner.classify(node.gap or None, None), end, node.gap
+                return learner.classify(node.gap or None, None), end, node.gap, 0
             gap = None
             prev = 0
             added = len(node.blocks)
