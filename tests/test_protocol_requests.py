@@ -574,8 +574,9 @@ def test_fast_path_used_and_canonical():
         assert _matches_canonical(data[start:end], cmd)
 
 
-def test_fast_path_does_not_call_exact_parser(monkeypatch):
-    calls = []
+def count_exact_calls(monkeypatch) -> list:
+    """Make RequestParser._exact append to the returned list on every call."""
+    calls: list = []
     original = RequestParser._exact
 
     def counting(self):
@@ -583,6 +584,11 @@ def test_fast_path_does_not_call_exact_parser(monkeypatch):
         return original(self)
 
     monkeypatch.setattr(RequestParser, "_exact", counting)
+    return calls
+
+
+def test_fast_path_does_not_call_exact_parser(monkeypatch):
+    calls = count_exact_calls(monkeypatch)
     parser = RequestParser()
     batch = enc([b"SET", b"key", b"v" * 100]) * 16
     for _ in range(10):
@@ -689,14 +695,7 @@ def test_guard_keeps_commands_before_a_big_header_on_the_fast_path(monkeypatch):
 
 
 def test_big_requests_switch_to_exact_parser_and_back(monkeypatch):
-    calls = []
-    original = RequestParser._exact
-
-    def counting(self):
-        calls.append(1)
-        return original(self)
-
-    monkeypatch.setattr(RequestParser, "_exact", counting)
+    calls = count_exact_calls(monkeypatch)
     parser = RequestParser()
     big = enc([b"SET", b"k", b"v" * 100_000])
     small = enc([b"GET", b"k"])

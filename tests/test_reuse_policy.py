@@ -44,7 +44,7 @@ def chatty_trace(requests: int = 2500, conversations: int = 8, gap: int = 40, se
             talks.append(i)
         else:
             hash_ids = [0, next(ids), next(ids), next(ids)]
-        out.append(replay.Request("chatty", B * len(hash_ids) + B // 2, hash_ids=[*hash_ids, next(ids)],
+        out.append(replay.Request(NS.decode(), B * len(hash_ids) + B // 2, hash_ids=[*hash_ids, next(ids)],
                                   timestamp=float(i)))
     trace = replay.Trace("chatty", out, B)
     trace.talks = talks
@@ -109,17 +109,7 @@ def run_store(trace, policy: str, capacity: int) -> tuple[int, PrefixStore]:
     tick = itertools.count(1)
     store = PrefixStore(MemoryArena(1, capacity), page_size=B, shards=4, policy=policy,
                         clock=lambda: float(next(tick)), lease_ttl_ms=0)
-    hit = 0
-    for req in trace.requests:
-        toks, npages = replay.whole_pages(trace, req, B, capacity)
-        packed = toks.tobytes()
-        m = store.match(NS, packed, lease=True, owner=1)
-        hit += m.matched_tokens
-        if npages * B > m.matched_tokens:
-            store.insert(NS, packed, offset=m.matched_tokens, owner=1)
-        if m.lease_id:
-            store.release(m.lease_id, 1)
-    return hit, store
+    return replay.replay_requests(store, trace, B, capacity), store
 
 
 def test_registered_and_selectable():
@@ -143,7 +133,7 @@ def test_keeps_conversations_that_come_back_where_lru_loses_them(chatty):
 
 def test_untrained_it_is_lru():
     # Too few returns to learn from: keys are access ticks, the order is LRU's.
-    short = replay.Trace("short", chatty_trace(requests=120).requests, B)
+    short = chatty_trace(requests=120)
     for capacity in (16, 40):
         assert run_store(short, "reuse", capacity)[0] == run_store(short, "lru", capacity)[0]
 

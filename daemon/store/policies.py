@@ -266,7 +266,8 @@ class ReusePolicy(HeapPolicy):
         super().__init__()
         self.learner = learner if learner is not None else ReuseLearner()
         self.scoped = scoped
-        self._ghost: OrderedDict[int, tuple[int | None, int, int]] = OrderedDict()  # first page -> class, tick, end
+        # first page (in its namespace) -> class, tick, end and gap of the last access of the evicted node
+        self._ghost: OrderedDict[int, tuple[int | None, int, int, int]] = OrderedDict()
         self._now = 0  # latest tick seen
 
     def describe(self) -> dict:
