@@ -1,5 +1,10 @@
 """The store core of pfxcached: arena, block allocator, radix trees, leases, eviction policies.
 
+Modules: ``store`` (the PrefixStore facade), ``arguments`` (its argument checks), ``namespaces``
+(a namespace's trees and counters), ``inserts`` (an insert in flight), ``results`` (what operations
+return), ``invariants`` (``PrefixStore.check``), and the parts: ``allocator``, ``radix``, ``leases``,
+``policies``/``reuse``, ``arena``/``cuda_arena``.
+
 Plain synchronous data structures (no trio, no protocol): the daemon owns the
 event loop and the locks, and maps RESP commands onto ``PrefixStore``.
 """
@@ -15,14 +20,9 @@ from .errors import BadRequest, NoPrefix, OutOfMemory, StoreError
 from .leases import ALLOC, READ, Lease, LeaseTable
 from .policies import POLICIES, EvictionIndex
 from .radix import Node, RadixTree
-from .store import (
-    AllocResult,
-    EvictResult,
-    InsertPlan,
-    InsertResult,
-    MatchResult,
-    PrefixStore,
-)
+from .inserts import InsertPlan
+from .results import AllocResult, EvictResult, InsertResult, MatchResult
+from .store import PrefixStore
 
 
 def pack_tokens(ids) -> bytes:

@@ -22,120 +22,17 @@ import itertools
 import math
 import time
 import zlib
-from array import array
-from typing import NamedTuple
 
-from .allocator import FREE, LEASED, STATE_NAMES, TREE, BlockAllocator
+from .allocator import LEASED, TREE, BlockAllocator
+from .arguments import TOKEN_BYTES, integer, namespace_name, packed_tokens, page_span
 from .errors import BadRequest, NoPrefix, OutOfMemory
+from .inserts import InsertPlan
+from .invariants import check_store
 from .leases import ALLOC, READ, Lease, LeaseTable
+from .namespaces import Namespace
 from .policies import POLICIES, EvictionIndex
 from .radix import Node, RadixTree, Totals
-
-TOKEN_BYTES = 4
-
-
-class MatchResult(NamedTuple):
-    matched_tokens: int
-    lease_id: int  # 0: no lease (not asked for, or nothing matched)
-    blocks: list[int]  # one block id per matched page, in order
-
-
-class InsertResult(NamedTuple):
-    stored: int  # pages newly cached by this insert
-    existing: int  # pages from the offset on that were cached already (their data was not used)
-    blocks: list[int]  # block ids of every page of the sequence, in order
-
-
-class AllocResult(NamedTuple):
-    lease_id: int
-    blocks: list[int]
-
-
-class EvictResult(NamedTuple):
-    evicted: int  # pages evicted
-    freed_bytes: int
-    pinned: int  # pages in scope that were kept because a lease pins them
-
-
-class _Namespace:
-    """Per-namespace trees and counters."""
-
-    __slots__ = ("evictions", "hits", "inserts", "leases", "misses", "name", "stored", "trees")
-
-    def __init__(self, name: bytes) -> None:
-        self.name = name
-        self.trees: dict[int, RadixTree] = {}  # shard -> tree, created on first insert
-        self.hits = 0  # tokens
-        self.misses = 0  # tokens
-        self.evictions = 0  # pages
-        self.inserts = 0  # committed inserts
-        self.stored = 0  # pages stored by inserts
-        self.leases = 0  # active leases
-
-
-class InsertPlan:
-    """An insert between begin_insert and commit_insert/abort_insert.
-
-    The daemon copies the data of the new pages into ``new_blocks`` (in DATA
-    mode: ``arena.write(plan.new_blocks, plan.new_data(data))``), possibly in a
-    worker thread: those blocks belong to the plan alone until it ends. The
-    cached prefix is pinned meanwhile.
-    """
-
-    __slots__ = (
-        "_block_bytes",
-        "done",
-        "dup_blocks",
-        "id",
-        "new_blocks",
-        "node",
-        "npages",
-        "ns",
-        "offset_pages",
-        "owner",
-        "shard",
-        "sources",
-        "start",
-        "tokens",
-        "tree",
-    )
-
-    def __init__(self, plan_id, ns, shard, owner, tree, node, tokens, npages, offset_pages, start, block_bytes):
-        self.id = plan_id
-        self.ns = ns
-        self.shard = shard
-        self.owner = owner
-        self.tree = tree
-        self.node = node  # pinned: the cached prefix ends exactly at this node
-        self.tokens = tokens
-        self.npages = npages
-        self.offset_pages = offset_pages
-        self.start = start  # first page not cached at begin time
-        self.new_blocks: list[int] = []  # blocks for pages start..npages-1 (state LEASED)
-        self.dup_blocks: list[int] = []  # BLOCKS mode: given blocks of pages already cached
-        self.sources: list[int] | None = None  # BLOCKS mode: lease id of each given block, for abort
-        self.done = False
-        self._block_bytes = block_bytes
-
-    @property
-    def copy_needed(self) -> bool:
-        """False in BLOCKS mode: the writer already filled its blocks."""
-        return self.sources is None and bool(self.new_blocks)
-
-    @property
-    def new_pages(self) -> range:
-        """Indices, counted from the offset, of the pages whose data goes into new_blocks."""
-        return range(self.start - self.offset_pages, self.npages - self.offset_pages)
-
-    @property
-    def existing(self) -> int:
-        """Pages from the offset that were cached already at begin time."""
-        return self.start - self.offset_pages
-
-    def new_data(self, data) -> memoryview:
-        """The slice of DATA (all pages from the offset) that belongs to the new pages."""
-        bb = self._block_bytes
-        return memoryview(data)[(self.start - self.offset_pages) * bb : (self.npages - self.offset_pages) * bb]
+from .results import AllocResult, EvictResult, InsertResult, MatchResult
 
 
 class PrefixStore:
@@ -163,14 +60,14 @@ class PrefixStore:
         self._alloc = BlockAllocator(arena.nblocks)
         self._index = EvictionIndex(policy)
         self._totals = Totals()
-        self._ns: dict[bytes, _Namespace] = {}
+        self._ns: dict[bytes, Namespace] = {}
         self._leases = LeaseTable()
         self._leased_by: dict[int, int] = {}  # block -> id of the ALLOC lease holding it
         self._plans: dict[int, InsertPlan] = {}
         # Counters of namespaces that no longer exist (emptied by EVICT ALL or
         # FLUSHALL) or never did (a PFXGET of an unknown key): kept so the
         # global counters still add up, without keeping a record per name.
-        self._retired = _Namespace(b"")
+        self._retired = Namespace(b"")
         self._plan_ids = itertools.count(1)
         self.hits = 0
         self.misses = 0
@@ -180,55 +77,18 @@ class PrefixStore:
 
     # -- argument handling ----------------------------------------------------------------------
 
-    @staticmethod
-    def _name(ns) -> bytes:
-        if isinstance(ns, bytes):
-            return ns
-        if isinstance(ns, (bytearray, memoryview)):
-            return bytes(ns)
-        raise BadRequest("the namespace must be bytes")
-
-    @staticmethod
-    def _tokens(tokens) -> bytes:
-        if isinstance(tokens, bytes):
-            data = tokens
-        elif isinstance(tokens, array):
-            if tokens.itemsize != TOKEN_BYTES:
-                raise BadRequest("token arrays must hold 4-byte unsigned ints")
-            data = tokens.tobytes()
-        elif isinstance(tokens, (bytearray, memoryview)):
-            data = bytes(tokens)
-        else:
-            raise BadRequest("tokens must be packed little-endian uint32 bytes")
-        if len(data) % TOKEN_BYTES:
-            raise BadRequest(f"token data of {len(data)} bytes is not a whole number of uint32 tokens")
-        return data
-
-    @staticmethod
-    def _int(value, what: str, lo: int, hi: int | None = None) -> int:
-        if not isinstance(value, int) or isinstance(value, bool) or value < lo or (hi is not None and value > hi):
-            bound = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
-            raise BadRequest(f"{what} must be an integer {bound}, got {value!r}")
-        return value
-
     def _deadline(self, ttl_ms) -> float:
-        ttl = self.lease_ttl_ms if ttl_ms is None else self._int(ttl_ms, "the lease TTL (ms)", 0)
+        ttl = self.lease_ttl_ms if ttl_ms is None else integer(ttl_ms, "the lease TTL (ms)", 0)
         return math.inf if ttl == 0 else self._clock() + ttl / 1000.0
 
     def _pages_from(self, tokens: bytes, offset) -> tuple[int, int]:
-        npages = len(tokens) // self.page_bytes
-        offset = self._int(offset, "the offset", 0)
-        if offset % self.page_size:
-            raise BadRequest(f"offset {offset} is not a multiple of the page size {self.page_size}")
-        if offset > npages * self.page_size:
-            raise BadRequest(f"offset {offset} is beyond the {npages * self.page_size} tokens of whole pages")
-        return npages, offset // self.page_size
+        return page_span(tokens, offset, self.page_size)
 
     # -- small helpers --------------------------------------------------------------------------
 
     def shard_of(self, ns, tokens) -> int:
         """The shard holding ``tokens`` in ``ns``: stable hash of (namespace, first page) mod shards."""
-        return self._shard(self._name(ns), self._tokens(tokens))
+        return self._shard(namespace_name(ns), packed_tokens(tokens))
 
     def _shard(self, name: bytes, tokens: bytes) -> int:
         if self.shards == 1:
@@ -237,19 +97,19 @@ class PrefixStore:
 
     def data_size(self, tokens, offset: int = 0) -> int:
         """Bytes of DATA an insert of ``tokens`` from ``offset`` must carry (whole pages x block_bytes)."""
-        npages, off = self._pages_from(self._tokens(tokens), offset)
+        npages, off = self._pages_from(packed_tokens(tokens), offset)
         return (npages - off) * self.block_bytes
 
-    def _tree(self, rec: _Namespace, shard: int) -> RadixTree:
+    def _tree(self, rec: Namespace, shard: int) -> RadixTree:
         tree = rec.trees.get(shard)
         if tree is None:
             tree = rec.trees[shard] = RadixTree(self.page_bytes, self._index, self._totals, rec.name, shard)
         return tree
 
-    def _namespace(self, name: bytes) -> _Namespace:
+    def _namespace(self, name: bytes) -> Namespace:
         rec = self._ns.get(name)
         if rec is None:
-            rec = self._ns[name] = _Namespace(name)
+            rec = self._ns[name] = Namespace(name)
         return rec
 
     def _fits(self, n: int, pin_cost: int = 0) -> bool:
@@ -317,8 +177,8 @@ class PrefixStore:
         frequency), and with ``lease`` pins it under a READ lease of ``owner``.
         Cost: O(len(tokens)) bytes compared at C speed, O(path nodes) Python steps.
         """
-        name = self._name(ns)
-        tokens = self._tokens(tokens)
+        name = namespace_name(ns)
+        tokens = packed_tokens(tokens)
         deadline = self._deadline(ttl_ms) if lease else math.inf
         npages = len(tokens) // self.page_bytes
         # A lookup never creates a namespace: unknown keys cost no memory.
@@ -350,8 +210,8 @@ class PrefixStore:
 
     def cached_tokens(self, ns, tokens) -> int:
         """Tokens of the longest cached whole-page prefix, without touching, counting or leasing anything."""
-        name = self._name(ns)
-        tokens = self._tokens(tokens)
+        name = namespace_name(ns)
+        tokens = packed_tokens(tokens)
         npages = len(tokens) // self.page_bytes
         rec = self._ns.get(name)
         tree = rec.trees.get(self._shard(name, tokens)) if rec is not None and npages else None
@@ -372,7 +232,7 @@ class PrefixStore:
         seen = set()
         out = []
         for b in blocks:
-            self._int(b, "a block id", 0, self.nblocks - 1)
+            integer(b, "a block id", 0, self.nblocks - 1)
             if b in seen:
                 raise BadRequest(f"block {b} given twice")
             seen.add(b)
@@ -391,10 +251,10 @@ class PrefixStore:
         ``owner``; they move from the lease into the plan. Raises NoPrefix,
         OutOfMemory or BadRequest with nothing changed.
         """
-        name = self._name(ns)
-        tokens = self._tokens(tokens)
+        name = namespace_name(ns)
+        tokens = packed_tokens(tokens)
         npages, off = self._pages_from(tokens, offset)
-        owner = self._int(owner, "the owner", 0)
+        owner = integer(owner, "the owner", 0)
         given = self._given_blocks(blocks, npages - off, owner) if blocks is not None else None
         shard = self._shard(name, tokens)
         rec = self._ns.get(name)
@@ -529,9 +389,9 @@ class PrefixStore:
 
     def alloc(self, ns, n: int, *, ttl_ms: int | None = None, owner: int = 0) -> AllocResult:
         """Fresh blocks for a writer under an ALLOC lease (evicting if needed; OutOfMemory if impossible)."""
-        name = self._name(ns)
-        n = self._int(n, "the block count", 1, self.max_alloc)
-        owner = self._int(owner, "the owner", 0)
+        name = namespace_name(ns)
+        n = integer(n, "the block count", 1, self.max_alloc)
+        owner = integer(owner, "the owner", 0)
         deadline = self._deadline(ttl_ms)
         if not self._fits(n):
             self.expire()
@@ -608,8 +468,8 @@ class PrefixStore:
     def evict_prefix(self, ns, tokens) -> EvictResult:
         """Forget every cached sequence that starts with the whole pages of ``tokens``
         (the last of those pages and everything below it); pinned pages stay and are counted."""
-        name = self._name(ns)
-        tokens = self._tokens(tokens)
+        name = namespace_name(ns)
+        tokens = packed_tokens(tokens)
         npages = len(tokens) // self.page_bytes
         if not npages:
             raise BadRequest(f"the prefix must hold at least one whole page ({self.page_size} tokens)")
@@ -633,22 +493,22 @@ class PrefixStore:
 
     def evict_pages(self, ns, n: int) -> EvictResult:
         """Evict up to n pages of ``ns`` chosen by the policy."""
-        name = self._name(ns)
-        n = self._int(n, "the page count", 0)
+        name = namespace_name(ns)
+        n = integer(n, "the page count", 0)
         rec = self._ns.get(name)
         if rec is None:
             return self._result(0, 0)
         evicted = self._evict(n, name)
-        return self._result(evicted, self._pinned(rec))
+        return self._result(evicted, rec.pinned)
 
     def evict_bytes(self, ns, nbytes: int) -> EvictResult:
         """Evict pages of ``ns`` by policy until at least nbytes of blocks are freed (or nothing is left)."""
-        nbytes = self._int(nbytes, "the byte count", 0)
+        nbytes = integer(nbytes, "the byte count", 0)
         return self.evict_pages(ns, -(-nbytes // self.block_bytes))
 
     def evict_all(self, ns) -> EvictResult:
         """Drop every unpinned page of ``ns``."""
-        rec = self._ns.get(self._name(ns))
+        rec = self._ns.get(namespace_name(ns))
         if rec is None:
             return self._result(0, 0)
         evicted = pinned = 0
@@ -660,14 +520,13 @@ class PrefixStore:
         self._retire_if_empty(rec)
         return result
 
-    def _retire_if_empty(self, rec: _Namespace) -> None:
+    def _retire_if_empty(self, rec: Namespace) -> None:
         """Forget a namespace that holds no page, lease or insert in flight (its counters stay in the totals)."""
-        if rec.leases or any(tree.pages for tree in rec.trees.values()):
+        if rec.holds_anything:
             return
         if self._ns.get(rec.name) is not rec or any(plan.ns == rec.name for plan in self._plans.values()):
             return
-        for field in ("hits", "misses", "evictions", "inserts", "stored"):
-            setattr(self._retired, field, getattr(self._retired, field) + getattr(rec, field))
+        self._retired.absorb(rec)
         del self._ns[rec.name]
         self._index.forget_scope(rec.name)
 
@@ -683,14 +542,10 @@ class PrefixStore:
 
     def evict_to_watermark(self, low_free_blocks: int) -> EvictResult:
         """Evict by policy across namespaces until at least ``low_free_blocks`` blocks are free."""
-        low = self._int(low_free_blocks, "the free-block watermark", 0)
+        low = integer(low_free_blocks, "the free-block watermark", 0)
         short = low - self._alloc.free_count
         evicted = self._evict(short, None) if short > 0 else 0
         return self._result(evicted, self._totals.pages - self._totals.unpinned)
-
-    @staticmethod
-    def _pinned(rec: _Namespace) -> int:
-        return sum(t.pages - t.unpinned for t in rec.trees.values())
 
     # -- policy and introspection ---------------------------------------------------------------
 
@@ -710,7 +565,7 @@ class PrefixStore:
     def namespaces(self) -> list[bytes]:
         """Names of the namespaces that hold pages or leases (Redis's keys), sorted."""
         return sorted(name for name, rec in self._ns.items()
-                      if rec.leases or any(tree.pages for tree in rec.trees.values()))
+                      if rec.holds_anything)
 
     @staticmethod
     def _rate(hits: int, misses: int) -> float:
@@ -719,10 +574,10 @@ class PrefixStore:
     def stats(self, ns=None) -> dict:
         """Counters for one namespace, or global ones (ns=None). Hits/misses are in tokens."""
         if ns is not None:
-            name = self._name(ns)
-            rec = self._ns.get(name) or _Namespace(name)
-            pages = sum(t.pages for t in rec.trees.values())
-            pinned = self._pinned(rec)
+            name = namespace_name(ns)
+            rec = self._ns.get(name) or Namespace(name)
+            pages = rec.pages
+            pinned = rec.pinned
             return {
                 "namespace": name, "policy": self.policy, "pages": pages, "pinned_pages": pinned,
                 "evictable_pages": pages - pinned, "nodes": sum(t.nodes for t in rec.trees.values()),
@@ -755,87 +610,4 @@ class PrefixStore:
 
     def check(self) -> list[str]:
         """Verify every invariant; returns the violations (empty: consistent). O(n + nblocks)."""
-        problems = self._alloc.check() + self._leases.check()
-        where: dict[int, object] = {}
-
-        def claim(b, owner, state):
-            if not isinstance(b, int) or not 0 <= b < self.nblocks:
-                problems.append(f"{owner!r} references invalid block {b!r}")
-                return
-            if b in where:
-                problems.append(f"block {b} referenced by {owner!r} and {where[b]!r}")
-            where[b] = owner
-            if self._alloc.state(b) != state:
-                problems.append(f"block {b} of {owner!r} is {STATE_NAMES[self._alloc.state(b)]}, "
-                                f"expected {STATE_NAMES[state]}")
-
-        direct: dict[int, int] = {}
-        lease_counts: dict[bytes, int] = {}
-        for lease in self._leases:
-            lease_counts[lease.scope] = lease_counts.get(lease.scope, 0) + 1
-            if lease.kind == READ:
-                direct[id(lease.node)] = direct.get(id(lease.node), 0) + 1
-                if lease.node.parent is None:
-                    problems.append(f"{lease!r} pins a removed node or a root")
-                elif RadixTree.path_blocks(lease.node) != lease.blocks:
-                    problems.append(f"{lease!r}: its blocks are no longer the path of its node")
-            else:
-                for b in lease.blocks:
-                    claim(b, lease, LEASED)
-                    if self._leased_by.get(b) != lease.id:
-                        problems.append(f"block {b} of {lease!r} missing from the lease index")
-        for b, lease_id in self._leased_by.items():
-            lease = self._leases.get(lease_id)
-            if lease is None or lease.kind != ALLOC or b not in lease.blocks:
-                problems.append(f"lease index maps block {b} to lease {lease_id} which does not hold it")
-        for plan in self._plans.values():
-            if plan.node.parent is not None:
-                direct[id(plan.node)] = direct.get(id(plan.node), 0) + 1
-            for b in plan.new_blocks + plan.dup_blocks:
-                claim(b, f"insert plan {plan.id}", LEASED)
-            if RadixTree.depth_pages(plan.node) != plan.start:
-                problems.append(f"insert plan {plan.id}: pinned prefix no longer ends at page {plan.start}")
-
-        candidates = []
-        live_nodes = set()
-        pages = unpinned = 0
-        for rec in self._ns.values():
-            if rec.leases != lease_counts.get(rec.name, 0):
-                problems.append(f"namespace {rec.name!r} counts {rec.leases} leases, has "
-                                f"{lease_counts.get(rec.name, 0)}")
-            for shard, tree in rec.trees.items():
-                if tree.shard != shard or tree.scope != rec.name or tree.index is not self._index:
-                    problems.append(f"tree {rec.name!r}/{shard} misfiled")
-                tree_problems, nodes = tree.check(direct)
-                problems += tree_problems
-                pages += tree.pages
-                unpinned += tree.unpinned
-                for node in nodes:
-                    live_nodes.add(id(node))
-                    for b in node.blocks:
-                        claim(b, node, TREE)
-                    if node.lock_ref == 0 and not node.children:
-                        candidates.append(node)
-                    if node.parent is tree.root and self._shard(rec.name, node.key) != shard:
-                        problems.append(f"node {node!r} of {rec.name!r} is in shard {shard}, hashes elsewhere")
-        for lease in self._leases:
-            if lease.kind == READ and id(lease.node) not in live_nodes:
-                problems.append(f"{lease!r} pins a node that is not in any tree")
-        for plan in self._plans.values():
-            if plan.node.parent is not None and id(plan.node) not in live_nodes:
-                problems.append(f"insert plan {plan.id} pins a node that is not in any tree")
-        for b in range(self.nblocks):
-            state = self._alloc.state(b)
-            if state != FREE and b not in where:
-                problems.append(f"block {b} is {STATE_NAMES[state]} but nothing references it")
-        if (pages, unpinned) != (self._totals.pages, self._totals.unpinned):
-            problems.append(f"global page counters {self._totals.pages}/{self._totals.unpinned} "
-                            f"!= {pages}/{unpinned}")
-        if self._totals.pages != self._alloc.count(TREE):
-            problems.append(f"{self._totals.pages} cached pages but {self._alloc.count(TREE)} blocks in the trees")
-        for field in ("hits", "misses", "evictions", "inserts", "stored"):
-            total = sum(getattr(rec, field) for rec in (*self._ns.values(), self._retired))
-            if total != getattr(self, field):
-                problems.append(f"namespace {field} add up to {total}, global counter says {getattr(self, field)}")
-        problems += self._index.check(candidates)
-        return problems
+        return check_store(self)
