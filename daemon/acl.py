@@ -18,11 +18,9 @@ import hmac
 from collections.abc import Iterable
 from typing import Any
 
-from pfxcache.protocol.redis_strings import stringmatchlen
+from pfxcache.protocol.redis_strings import splitargs, stringmatchlen
 
-from .commands.table import ACL_CATEGORIES, get_keys
-
-__all__ = ["ACL_CATEGORIES", "AclError", "AclUsers", "User", "hash_password", "valid_username"]
+__all__ = ["AclError", "AclUsers", "User", "hash_password", "valid_username"]
 
 ERR_UNKNOWN = "Unknown command or category name in ACL"
 ERR_SYNTAX = "Syntax error"
@@ -128,7 +126,12 @@ class User:
 
 
 class AclUsers:
-    """The users of one server, by name, and the rules that change them."""
+    """The users of one server, by name, and the rules that change them.
+
+    ``commands`` is the server's command table, used through what it offers
+    (``walk``, ``get``, ``categories``, and each row's ``keys(argv)``), so this
+    module stays below the command layer and imports nothing from it.
+    """
 
     def __init__(self, commands: Any) -> None:
         self.commands = commands
@@ -179,7 +182,7 @@ class AclUsers:
         if spec.fullname not in user.allowed and "no_auth" not in spec.flags:
             return f"NOPERM this user has no permissions to run the '{spec.fullname}' command"
         if not user.all_keys and spec.key_specs:
-            keys = get_keys(spec, argv)
+            keys = spec.keys(argv)
             if keys:
                 for position, _flags in keys:
                     if not user.key_allowed(argv[position]):
@@ -289,7 +292,7 @@ class AclUsers:
                 user.channel_patterns.append(op[1:])
         elif op[:2] in ("+@", "-@"):
             category = lower[2:]
-            if category not in ACL_CATEGORIES:
+            if category not in self.commands.categories:
                 raise AclError(op, ERR_UNKNOWN)
             names = {s.fullname for s in self.commands.walk() if "@" + category in s.acl_categories}
             self._set(user, names, op[0] == "+")
@@ -385,8 +388,6 @@ class AclUsers:
         Blank lines and ``#`` comments are skipped. All or nothing: a bad line
         raises ValueError naming the file and line, and no user changes.
         """
-        from .config import splitargs  # Redis's quoting rules, as in the config file
-
         with open(path, "rb") as f:
             data = f.read()
         staged = AclUsers(self.commands)

@@ -10,8 +10,9 @@ from typing import Any
 
 from pfxcache.protocol.replies import OK, Error
 
-from ..acl import ACL_CATEGORIES, AclError, valid_username
+from ..acl import AclError, valid_username
 from . import handles
+from .spec import ACL_CATEGORIES
 
 
 def _text(raw: bytes) -> str:

@@ -1,6 +1,7 @@
 """The ``COMMAND`` family: every reply derives from the command table's rows.
 
-``ctx.server.commands`` is the :class:`~pfxcache.daemon.commands.table.CommandTable`.
+``ctx.server.commands`` is the :class:`~pfxcache.daemon.commands.table.CommandTable`; the
+replies are built in :mod:`~pfxcache.daemon.commands.command_replies`.
 Reply shapes and error texts are those of redis-server 7.0.15 (``server.c``:
 ``commandCommand`` and friends).
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pfxcache.daemon.commands import handles
-from pfxcache.daemon.commands.table import (
+from pfxcache.daemon.commands.command_replies import (
     command_docs_map,
     command_getkeys_reply,
     command_info_reply,

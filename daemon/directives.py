@@ -1,0 +1,225 @@
+"""The directive table: one :class:`~pfxcache.daemon.config_kinds.Directive`
+row per setting of pfxcached, in the order the documented
+``conf/pfxcached.conf`` lists them.
+
+Adding a setting means adding a row here, then regenerating the file
+(``python -m pfxcache.daemon.config > conf/pfxcached.conf``); the engine
+(:class:`pfxcache.daemon.config.Config`) and the file generator
+(:mod:`pfxcache.daemon.conf_file`) derive everything else from the rows.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .config_kinds import (
+    INT_MAX,
+    LONG_MAX,
+    UINT_MAX,
+    AddressList,
+    Bool,
+    Computed,
+    Directive,
+    Directory,
+    Enum,
+    Int,
+    Memory,
+    OutputBufferLimits,
+    Save,
+    String,
+)
+
+__all__ = ["DIRECTIVES"]
+
+_NO_PERSISTENCE = "persistence is not supported"
+
+DIRECTIVES: tuple[Directive, ...] = (
+    # --- network ---
+    Directive(
+        name="bind", kind=AddressList(), default=("127.0.0.1",),
+        doc="Addresses (IPv4 or IPv6) to accept TCP clients on, separated by spaces. "
+        "The default takes local IPv4 clients only, unlike Redis's \"* -::*\"; "
+        "use 0.0.0.0 and/or :: to listen on every interface, and set requirepass then.",
+    ),
+    Directive(
+        name="port", kind=Int(), default=6390, minimum=0, maximum=65535,
+        doc="TCP port to accept clients on; 0 asks the kernel for a free port, which the "
+        "\"Ready to accept connections\" log line reports (unlike Redis, where 0 opens no TCP "
+        "listener). The default differs from Redis's 6379 so that both can run on one host.",
+    ),
+    Directive(
+        name="unixsocket", kind=String(), default="", mutable=False,
+        doc="Path of a Unix domain socket to accept clients on as well; \"\" opens none.",
+    ),
+    Directive(
+        name="unixsocketperm", kind=Int(base=8), default=0, minimum=0, maximum=0o777, mutable=False,
+        doc="Permission bits (octal, e.g. 700) given to the Unix socket; 0 leaves them to the umask.",
+    ),
+    Directive(
+        name="tcp-backlog", kind=Int(), default=511, minimum=0, maximum=INT_MAX, mutable=False,
+        doc="Backlog of the listening sockets (listen(2)); the kernel caps it at net.core.somaxconn.",
+    ),
+    Directive(
+        name="tcp-keepalive", kind=Int(), default=300, minimum=0, maximum=INT_MAX,
+        doc="Seconds between TCP keepalive probes to clients (SO_KEEPALIVE); 0 sends none. "
+        "Detects dead peers and keeps idle connections alive through middleboxes.",
+    ),
+    Directive(
+        name="timeout", kind=Int(), default=0, minimum=0, maximum=INT_MAX,
+        doc="Close a client connection after it has been idle this many seconds; 0 never does.",
+    ),
+    Directive(
+        name="protected-mode", kind=Bool(), default=True,
+        doc="When yes and no requirepass is set, refuse clients that connect over TCP "
+        "from other than a loopback address.",
+    ),
+    # --- limits ---
+    Directive(
+        name="maxclients", kind=Int(), default=10000, minimum=1, maximum=UINT_MAX,
+        doc="Most clients connected at once; more are refused with \"ERR max number of clients reached\".",
+    ),
+    Directive(
+        name="proto-max-bulk-len", kind=Memory(), default=512 * 1024**2, minimum=1024**2, maximum=LONG_MAX,
+        doc="Largest bulk string (one argument, such as a key or a value) a client may send.",
+    ),
+    Directive(
+        name="client-query-buffer-limit", kind=Memory(), default=1024**3, minimum=1024**2, maximum=LONG_MAX,
+        doc="Most bytes of not yet executed input one client may have buffered; "
+        "a client going past it is disconnected.",
+    ),
+    Directive(
+        name="client-output-buffer-limit", kind=OutputBufferLimits(),
+        default=((0, 0, 0), (256 * 1024**2, 64 * 1024**2, 60), (32 * 1024**2, 8 * 1024**2, 60)),
+        doc="Disconnect a client that does not read its replies: once the reply bytes the daemon "
+        "holds for it (not yet accepted by the socket) exceed the hard limit, or stay above the soft "
+        "limit for soft-seconds. As in Redis, \"normal 0 0 0\" (the default) sets no limit; only the "
+        "normal class applies to pfxcached (slave and pubsub are accepted and shown for compatibility).",
+    ),
+    # --- security ---
+    Directive(
+        name="requirepass", kind=String(), default="",
+        doc="Password that clients must give with AUTH before other commands; \"\" disables "
+        "authentication. As in Redis, CONFIG GET shows it: keep CONFIG away from untrusted clients.",
+    ),
+    Directive(
+        name="aclfile", kind=String(), default="", mutable=False,
+        doc="File of ACL users loaded at startup, in Redis's ACL file format: one "
+        "\"user <name> <rule> ...\" line per user, e.g. \"user alice on >secret ~tenant-a:* +@pfx -@admin\" "
+        "(blank lines and # comments are skipped). \"\" for none. A relative path is relative to dir.",
+    ),
+    # --- logging and process ---
+    Directive(
+        name="loglevel", kind=Enum(("debug", "verbose", "notice", "warning", "nothing")), default="notice",
+        doc="How much to log: debug (a lot), verbose, notice (for production), "
+        "warning (only very important messages) or nothing.",
+    ),
+    Directive(
+        name="logfile", kind=String(), default="", mutable=False,
+        doc="File to append the log to; \"\" logs to standard output.",
+    ),
+    Directive(
+        name="pidfile", kind=String(), default="", mutable=False,
+        doc="File to write pfxcached's process id to at startup (and remove at exit); \"\" writes none.",
+    ),
+    Directive(
+        name="dir", kind=Directory(),
+        default=Computed(os.getcwd, doc="the directory pfxcached is started in", conf="./"),
+        protected=True,
+        doc="Working directory; relative paths (logfile, pidfile, unixsocket) are taken from it. "
+        "CONFIG GET reports it as an absolute path; CONFIG SET refuses it, as Redis 7 does "
+        "for protected configs.",
+    ),
+    Directive(
+        name="hz", kind=Int(clamp=(1, 500)), default=10, minimum=0, maximum=INT_MAX,
+        doc="How many times a second background tasks (closing idle clients, statistics) run. "
+        "Higher is more responsive and uses more CPU.",
+    ),
+    Directive(
+        name="shutdown-timeout", kind=Int(), default=10, minimum=0, maximum=INT_MAX,
+        doc="Seconds a graceful shutdown (SHUTDOWN, SIGTERM, SIGINT) waits for clients' "
+        "in-flight work before exiting anyway.",
+    ),
+    # --- the prefix store ---
+    Directive(
+        name="maxmemory", kind=Memory(), default=256 * 1024**2, minimum=1024, maximum=LONG_MAX, mutable=False,
+        doc="Size of the block arena: the memory budget of every namespace together. It is "
+        "reserved at startup and cut into maxmemory / block-bytes blocks.",
+    ),
+    Directive(
+        name="maxmemory-policy", kind=Enum(("lru", "lfu", "hybrid", "ghost", "reuse")), default="hybrid",
+        doc="Which unpinned leaf pages go first when blocks are needed: lru (least recently "
+        "used), lfu (least frequently used, then least recent), hybrid (highest "
+        "age / (frequency + 1)), ghost (LRU that, while the cache thrashes, puts new "
+        "pages nobody continues at the LRU end; continuations of hit or recently evicted "
+        "prefixes stay protected), reuse (LRU plus a learned boost for prefixes whose "
+        "last reuse came quickly: the classes of access that come back sooner than "
+        "average are kept longer; plain LRU when nothing predicts a return).",
+    ),
+    Directive(
+        name="page-size", kind=Int(), default=16, minimum=1, maximum=1 << 20, mutable=False,
+        doc="Tokens per page. Only full pages are cached and matches are whole pages; each "
+        "cached page owns one block.",
+    ),
+    Directive(
+        name="block-bytes", kind=Memory(), default=16384, minimum=1, maximum=LONG_MAX, mutable=False,
+        doc="Bytes of KV data per page (one block): opaque to the daemon, fixed by the model "
+        "(layers x 2 x kv heads x head dim x page-size x dtype size).",
+    ),
+    Directive(
+        name="shards", kind=Int(), default=16, minimum=1, maximum=4096, mutable=False,
+        doc="Shards of each namespace's tree, each behind its own reader-writer lock: a "
+        "writer on one shard never delays readers of another.",
+    ),
+    Directive(
+        name="lease-ttl", kind=Int(), default=30000, minimum=1, maximum=7 * 24 * 3600 * 1000,
+        doc="Milliseconds a lease (blocks pinned by PFXGET or PFXALLOC) lives unless released "
+        "or renewed first; the TTL option of those commands overrides it.",
+    ),
+    Directive(
+        name="evict-low-watermark", kind=Int(), default=5, minimum=0, maximum=90,
+        doc="Percent of the arena's blocks a background task keeps free by evicting ahead "
+        "of need, so that writes rarely wait for eviction; 0 evicts only on demand.",
+    ),
+    Directive(
+        name="prompt-max-tokens", kind=Int(), default=1 << 20, minimum=1, maximum=INT_MAX,
+        doc="Most tokens one PFXGET, PFXSET or PFXEVICT may carry.",
+    ),
+    Directive(
+        name="arena", kind=Enum(("shm", "memory", "cuda")), default="shm", mutable=False,
+        doc="Where blocks live: shm, a POSIX shared-memory file workers on this host map "
+        "zero-copy (/dev/shm/<arena-name>-<pid>-<port>); memory, private to the daemon; cuda, "
+        "one allocation on the GPU arena-device that CUDA processes open through its IPC "
+        "handle (needs CuPy: pip install pfxcache[cuda12] or [cuda13]).",
+    ),
+    Directive(
+        name="arena-device", kind=Int(), default=0, minimum=0, maximum=1023, mutable=False,
+        doc="The CUDA device (ordinal, as in CUDA_VISIBLE_DEVICES order) that holds the arena "
+        "when arena is cuda; ignored otherwise.",
+    ),
+    Directive(
+        name="arena-name", kind=String(), default="pfxcache", mutable=False,
+        doc="Prefix of the shared-memory file's name. At startup, files with this prefix left "
+        "by a daemon that no longer runs are removed.",
+    ),
+    # --- Redis compatibility: accepted so that Redis tools and configs work ---
+    Directive(
+        name="databases", kind=Int(), default=1, minimum=1, maximum=INT_MAX, mutable=False,
+        allowed=(1,), refusal="only one database (db 0) is supported",
+        doc="Number of databases. pfxcached has only db 0, so only 1 is accepted.",
+    ),
+    Directive(
+        name="save", kind=Save(), default="", allowed=("",), refusal=_NO_PERSISTENCE,
+        doc="Redis's snapshot schedule. pfxcached keeps nothing on disk, so only save \"\" is "
+        "accepted; it is here because tools such as redis-benchmark ask CONFIG GET save.",
+    ),
+    Directive(
+        name="appendonly", kind=Bool(), default=False, allowed=(False,), refusal=_NO_PERSISTENCE,
+        doc="Redis's append-only file. pfxcached keeps nothing on disk, so only no is accepted.",
+    ),
+    Directive(
+        name="daemonize", kind=Bool(), default=False, mutable=False, allowed=(False,),
+        refusal="pfxcached always runs in the foreground (use systemd, a container or nohup)",
+        doc="Redis's run-in-the-background switch. pfxcached always runs in the foreground, "
+        "so only no is accepted.",
+    ),
+)
