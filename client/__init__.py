@@ -7,8 +7,10 @@
 
 Layout (like redis-py's module commands): :mod:`.commands` builds arguments,
 :mod:`.replies` decodes replies into the dataclasses re-exported here,
-:mod:`.errors` maps the daemon's errors to exceptions, :mod:`.arena` maps the
-daemon's shared-memory arena, :mod:`.cache` holds the two front ends.
+:mod:`.core` describes every operation once as the requests it sends (what
+both clients share), :mod:`.cache` holds the two front ends (blocking and
+asyncio) that send them, :mod:`.errors` maps the daemon's errors to
+exceptions, :mod:`.arena` maps the daemon's shared-memory arena.
 """
 
 from .arena import ShmArenaView, open_arena

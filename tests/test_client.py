@@ -34,7 +34,7 @@ from pfxcache.client import (
     StoreResult,
     pack_tokens,
 )
-from pfxcache.client.cache import _is_local_host
+from pfxcache.client.core import is_local_host as _is_local_host
 from support import start_daemon
 
 PS = 4  # tokens per page

@@ -1,0 +1,275 @@
+"""What PrefixCache and AsyncPrefixCache share: their state, and every operation described once.
+
+An operation is a generator of steps (sans-IO, as :mod:`.commands` and
+:mod:`.replies` are): it yields a :class:`Request` (the arguments
+:mod:`.commands` built, and the :mod:`.replies` decoder for the answer),
+receives the decoded result, and finally returns what the public method
+returns. The blocking front end runs the steps with blocking calls, the
+asyncio one with awaited calls (:meth:`CacheCore._run`), so both send the
+same commands in the same order and differ only in how they wait. A daemon
+error is thrown into the generator where it yielded, so its ``finally``
+(releasing a lease) runs under both.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable, Generator
+from typing import Any, NamedTuple
+
+from . import commands, replies
+from .arena import copy_to_output, nbytes_of, open_arena
+from .errors import AttachError
+from .replies import Allocation, EvictResult, Info, Match, StoreResult, _Leased
+
+
+class Request(NamedTuple):
+    """One command to send: its arguments, and how to decode its reply."""
+
+    args: tuple
+    decode: Callable[[Any], Any]
+
+
+Steps = Generator[Request, Any, Any]  # yields requests, is sent their decoded replies, returns the result
+
+
+def is_local_host(host: str | None) -> bool:
+    """True when ``host`` is this machine's loopback (or a unix socket: host None)."""
+    if host is None:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
+def _daemon_host(pool: Any) -> str | None:
+    kwargs = getattr(pool, "connection_kwargs", {}) or {}
+    if "path" in kwargs and "host" not in kwargs:
+        return None  # a unix socket: same machine
+    return kwargs.get("host", "localhost")
+
+
+def _lease_ids(leases: tuple) -> tuple[list[int], list[_Leased]]:
+    ids: list[int] = []
+    results: list[_Leased] = []
+    for item in leases:
+        if isinstance(item, (list, tuple)):
+            more, objs = _lease_ids(tuple(item))
+            ids += more
+            results += objs
+        elif isinstance(item, _Leased):
+            if not item.released:
+                ids.append(item.lease)
+                results.append(item)
+        else:
+            ids.append(item)
+    return ids, results
+
+
+def packed_tokens(blob: bytes) -> Any:
+    """Already packed tokens (little-endian uint32 bytes) as an input pack_tokens takes without copying."""
+    import numpy as np
+
+    return np.frombuffer(blob, dtype="<u4")
+
+
+class CacheCore:
+    """Attach state, geometry and the operations' steps; the front ends add only the I/O."""
+
+    _client: Any
+    _is_async = False  # results' release() returns a coroutine when True
+
+    def __init__(self, attach: bool | None) -> None:
+        if attach not in (None, True, False):
+            raise ValueError("attach must be None (when local), True (required) or False (never)")
+        self._attach_mode = attach
+        self._arena: Any = None
+        self._attach_tried = attach is False
+        self._attach_error: str | None = "attach=False" if attach is False else None
+        self._geometry: Info | None = None
+
+    # -- state -----------------------------------------------------------------------------------
+
+    @property
+    def client(self) -> Any:
+        """The redis-py client this cache sends its commands through (one connection)."""
+        return self._client
+
+    @property
+    def arena(self) -> Any:
+        """The mapped arena view (ShmArenaView or the CUDA one), or None (no I/O)."""
+        return self._arena
+
+    @property
+    def attach_error(self) -> str | None:
+        """Why the arena is not mapped (None while attached or not yet tried)."""
+        return self._attach_error
+
+    @property
+    def via(self) -> str:
+        """How bytes move now: the arena backend (``"shm"``/``"cuda"``) when attached, else ``"resp"``."""
+        return self._arena.backend if self._arena is not None else "resp"
+
+    @property
+    def geometry(self) -> Info | None:
+        """The PFXINFO read when the cache first needed page size / block size / arena (None before)."""
+        return self._geometry
+
+    def _open(self, info: Info) -> Any:
+        """Map the arena ``info`` describes; AttachError with the reason when it cannot be."""
+        if self._attach_mode is False:
+            raise AttachError("this cache was made with attach=False")
+        host = _daemon_host(self._client.connection_pool)
+        if self._attach_mode is None and not is_local_host(host):
+            raise AttachError(f"the daemon at {host} is not on this host (pass attach=True to map its arena anyway)")
+        return open_arena(info.arena)
+
+    def _attached_now(self, info: Info, explicit: bool) -> Any:
+        self._attach_tried = True
+        try:
+            self._arena = self._open(info)
+            self._attach_error = None
+        except AttachError as exc:
+            self._attach_error = str(exc)
+            if explicit or self._attach_mode is True:
+                raise
+        return self._arena
+
+    def _release_arena(self) -> None:
+        if self._arena is not None:
+            self._arena.close()
+            self._arena = None
+
+    # -- the steps of each operation -----------------------------------------------------------------
+
+    def _geometry_steps(self) -> Steps:
+        if self._geometry is None:
+            self._geometry = yield from self._info_steps(None)
+        return self._geometry
+
+    def _ensure_attached_steps(self) -> Steps:
+        if not self._attach_tried:
+            self._attached_now((yield from self._geometry_steps()), explicit=False)
+        return self._arena
+
+    def _attach_steps(self) -> Steps:
+        if self._arena is None:
+            self._attached_now((yield from self._geometry_steps()), explicit=True)
+        return self._arena
+
+    def _lookup_steps(self, key: Any, tokens: Any, lease: bool, ttl_ms: int | None,
+                      with_data: bool | None) -> Steps:
+        packed = commands.pack_tokens(tokens)  # validated before anything is sent
+        if with_data is None:
+            with_data = (yield from self._ensure_attached_steps()) is None
+
+        def decode(reply: Any) -> Match:
+            return replies.match(reply, self.release, is_async=self._is_async)
+
+        match = yield Request(commands.pfxget(key, packed, lease=lease, ttl_ms=ttl_ms, with_data=with_data), decode)
+        if with_data:
+            match.via = "resp"
+        return match
+
+    def _store_steps(self, key: Any, tokens: Any, data: Any, offset: int) -> Steps:
+        packed = commands.pack_tokens(tokens)
+        return (yield Request(commands.pfxset_data(key, packed, data, offset), replies.store_result))
+
+    def _alloc_steps(self, key: Any, n: int, ttl_ms: int | None) -> Steps:
+        def decode(reply: Any) -> Allocation:
+            return replies.allocation(reply, self.release, is_async=self._is_async)
+
+        return (yield Request(commands.pfxalloc(key, n, ttl_ms), decode))
+
+    def _commit_steps(self, key: Any, tokens: Any, blocks: Any, offset: int) -> Steps:
+        if isinstance(blocks, Allocation):
+            blocks = blocks.blocks
+        packed = commands.pack_tokens(tokens)
+        via = self._arena.backend if self._arena is not None else "shm"
+
+        def decode(reply: Any) -> StoreResult:
+            return replies.store_result(reply, via=via)
+
+        return (yield Request(commands.pfxset_blocks(key, packed, blocks, offset), decode))
+
+    def _evict_steps(self, key: Any, tokens: Any, pages: int | None, nbytes: int | None, all_: bool) -> Steps:
+        packed = commands.pack_tokens(tokens) if tokens is not None else None
+        args = commands.pfxevict(key, packed=packed, pages=pages, nbytes=nbytes, all_=all_)
+        result: EvictResult = yield Request(args, replies.evict_result)
+        return result
+
+    def _release_steps(self, leases: tuple) -> Steps:
+        ids, results = _lease_ids(leases)
+        for result in results:
+            result._released = True
+        if not ids:
+            return 0
+        return (yield Request(commands.pfxrelease(ids), replies.released))
+
+    def _info_steps(self, key: Any) -> Steps:
+        return (yield Request(commands.pfxinfo(key), replies.info))
+
+    def _load_steps(self, key: Any, tokens: Any, out: Any, ttl_ms: int | None) -> Steps:
+        packed = commands.pack_tokens(tokens)
+        arena = yield from self._ensure_attached_steps()
+        packed = self._load_tokens(packed, out, (yield from self._geometry_steps()))
+        if arena is not None:
+            match = yield from self._lookup_steps(key, packed_tokens(packed), True, ttl_ms, False)
+            try:
+                if match.blocks:
+                    arena.read_into(match.blocks, out)
+            finally:
+                yield from self._release_steps((match,))
+            match.via = arena.backend
+            return match
+        match = yield from self._lookup_steps(key, packed_tokens(packed), False, None, True)
+        if match.data:
+            copy_to_output(out, match.data)
+        match.data = None
+        return match
+
+    def _save_steps(self, key: Any, tokens: Any, src: Any, offset: int, ttl_ms: int | None) -> Steps:
+        packed = commands.pack_tokens(tokens)
+        arena = yield from self._ensure_attached_steps()
+        pages = self._save_pages(packed, src, offset, (yield from self._geometry_steps()))
+        if arena is None or not pages:
+            return (yield from self._store_steps(key, packed_tokens(packed), src, offset))
+        allocation = yield from self._alloc_steps(key, pages, ttl_ms)
+        try:
+            arena.write_from(allocation.blocks, src)
+            return (yield from self._commit_steps(key, packed_tokens(packed), allocation.blocks, offset))
+        finally:
+            yield from self._release_steps((allocation,))
+
+    def release(self, *leases: Any) -> Any:  # each front end defines it (blocking or awaited)
+        raise NotImplementedError
+
+    # -- load / save planning ----------------------------------------------------------------------
+
+    @staticmethod
+    def _load_tokens(packed: bytes, out: Any, info: Info) -> bytes:
+        """The tokens to look up for load(): cut to the whole pages ``out`` can hold (if it is short)."""
+        capacity = nbytes_of(out) // info.block_bytes
+        if len(packed) // 4 // info.page_size > capacity:
+            return packed[: capacity * info.page_size * 4]
+        return packed
+
+    @staticmethod
+    def _save_pages(packed: bytes, src: Any, offset: int, info: Info) -> int | None:
+        """Pages save() writes from ``offset`` (None: let the daemon judge the offset over RESP)."""
+        npages = len(packed) // 4 // info.page_size
+        if not isinstance(offset, int) or offset < 0 or offset % info.page_size or offset > npages * info.page_size:
+            return None
+        pages = npages - offset // info.page_size
+        need = pages * info.block_bytes
+        if nbytes_of(src) != need:
+            raise ValueError(f"src is {nbytes_of(src)} bytes; {pages} pages from offset {offset} "
+                             f"x block_bytes {info.block_bytes} = {need}")
+        return pages
