@@ -171,9 +171,10 @@ DIRECTIVES: tuple[Directive, ...] = (
         "writer on one shard never delays readers of another.",
     ),
     Directive(
-        name="lease-ttl", kind=Int(), default=30000, minimum=1, maximum=7 * 24 * 3600 * 1000,
+        name="lease-ttl", kind=Int(), default=30000, minimum=0, maximum=7 * 24 * 3600 * 1000,
         doc="Milliseconds a lease (blocks pinned by PFXGET or PFXALLOC) lives unless released "
-        "or renewed first; the TTL option of those commands overrides it.",
+        "or renewed first; the TTL option of those commands overrides it. 0: leases live "
+        "until released or their connection closes.",
     ),
     Directive(
         name="evict-low-watermark", kind=Int(), default=5, minimum=0, maximum=90,

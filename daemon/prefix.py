@@ -79,6 +79,7 @@ class PrefixService:
             lease_ttl_ms=config["lease-ttl"],
         )
         self.locks = [RWLock() for _ in range(config["shards"])]
+        self.ticks = 0
         config.on_change("maxmemory-policy", lambda _old, new: self.store.set_policy(new))
         config.on_change("lease-ttl", lambda _old, new: setattr(self.store, "lease_ttl_ms", new))
 
@@ -93,7 +94,9 @@ class PrefixService:
             log.debug("Released %d leases of client id=%d", released, owner)
 
     def tick(self) -> None:
-        """Periodic work (from the server cron): expire leases, keep free blocks above the low watermark."""
+        """Periodic work (from the server cron, ``hz`` times a second): expire leases, keep free
+        blocks above the low watermark. INFO's ``pfxcache_ticks`` counts the runs."""
+        self.ticks += 1
         self.store.expire()
         low = self.arena.nblocks * self.config["evict-low-watermark"] // 100
         if low:
@@ -152,6 +155,7 @@ class PrefixService:
             ("evictions", stats["evictions"]),
             ("inserts", stats["inserts"]),
             ("active_leases", stats["leases"]),
+            ("ticks", self.ticks),
             *self.store.policy_state().items(),
         ]
         return [(f"pfxcache_{name}", value) for name, value in fields]

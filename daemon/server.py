@@ -438,13 +438,16 @@ class Server:
 
     async def _cron(self) -> None:
         """Periodic work, like Redis's serverCron: ops/sec samples, idle timeouts, memory peak."""
-        ticks = 0
+        # ``hz`` is read on every run: CONFIG SET hz takes effect at the next tick. The once a
+        # second work goes by the clock, not by a tick count, so it stays once a second at any hz.
+        next_second = time.monotonic() + 1.0
         while True:
-            await trio.sleep(0.1)
-            ticks += 1
+            await trio.sleep(1.0 / self.config["hz"])
             self.stats.sample()
             self.prefix.tick()
-            if ticks % 10 == 0:
+            now = time.monotonic()
+            if now >= next_second:
+                next_second = now + 1.0
                 self._close_idle_clients()
                 self.peak_memory = max(self.peak_memory, process_rss())
 

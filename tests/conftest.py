@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
+from hypothesis import settings
 
 from support import REDIS_SERVER, start_daemon, start_redis_server
+
+# Property tests draw the same examples on every run (CI included): a failure is reproducible and
+# never a matter of the seed. HYPOTHESIS_PROFILE=explore draws fresh random examples to hunt bugs.
+settings.register_profile("deterministic", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, database=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 
 def pytest_collection_modifyitems(config, items):

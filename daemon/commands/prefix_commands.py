@@ -29,12 +29,13 @@ class ArgumentError(Exception):
 
 
 def _is_decimal(raw: bytes) -> bool:
+    """An integer as Redis's string2ll reads one: no sign but '-', no leading zero, no '-0'."""
     body = raw[1:] if raw[:1] == b"-" else raw
-    return body.isdigit() and len(raw) <= 20
+    return body.isdigit() and len(raw) <= 20 and (body[:1] != b"0" or raw == b"0")
 
 
 def _integer(raw: bytes, what: str, low: int, high: int) -> int:
-    if not _is_decimal(raw) or (raw[:1] == b"0" and len(raw) > 1):
+    if not _is_decimal(raw):
         raise ArgumentError(f"ERR {what} must be an integer, got '{_show(raw)}'")
     value = int(raw)
     if not low <= value <= high:
