@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import redis
 
-from support import RawClient, start_daemon, start_redis_server
+from pfxcache.testing import start_daemon, start_redis_server
+from support import RawClient
 
 PS, BB = 4, 1024
 SMALL = ("--page-size", str(PS), "--block-bytes", str(BB), "--evict-low-watermark", "0")
@@ -200,8 +201,8 @@ def _run(address, commands) -> list[bytes]:
 
 
 def test_error_texts_and_formats_match_redis() -> None:
+    theirs = start_redis_server()  # first: without redis-server no daemon is left behind
     ours = start_daemon()
-    theirs = start_redis_server()
     try:
         for side in (ours, theirs):
             _run(side.address, SETUP)
@@ -224,7 +225,7 @@ def test_error_texts_and_formats_match_redis() -> None:
 def test_users_in_the_config_file_survive_config_rewrite(tmp_path):
     import redis
 
-    from support import start_daemon
+    from pfxcache.testing import start_daemon
 
     conf = tmp_path / "pfx.conf"
     conf.write_text("port 0\n# tenants\nuser alice on >secret ~tenant-a:* +@pfx +ping\n")

@@ -35,7 +35,7 @@ from pfxcache.client import (
     pack_tokens,
 )
 from pfxcache.client.core import is_local_host as _is_local_host
-from support import start_daemon
+from pfxcache.testing import start_daemon
 
 PS = 4  # tokens per page
 BB = 1024  # bytes per block

@@ -44,9 +44,8 @@ from pfxcache.daemon.store.cuda_arena import (
     unavailable,
 )
 from pfxcache.daemon.store.errors import BadRequest
-from support import RawClient, encode_command, start_daemon
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from pfxcache.testing import encode_command, start_daemon
+from support import RawClient
 
 
 # ---------------------------------------------------------------------------
@@ -525,12 +524,11 @@ def test_daemon_with_the_stand_in(tmp_path):
     (tmp_path / "cupy.py").write_text(FAKE_CUPY)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     script = textwrap.dedent(
-        f"""
+        """
         import sys
-        sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
-        import support
-        daemon = support.start_daemon("--arena", "cuda", "--page-size", "4", "--block-bytes", "256kb",
-                                      "--maxmemory", "16mb")
+        from pfxcache.testing import start_daemon
+        daemon = start_daemon("--arena", "cuda", "--page-size", "4", "--block-bytes", "256kb",
+                              "--maxmemory", "16mb")
         print(daemon.port, flush=True)
         sys.stdin.readline()
         sys.exit(daemon.stop())

@@ -12,7 +12,8 @@ import re
 
 import pytest
 
-from support import exchange, start_daemon, start_redis_server
+from pfxcache.testing import start_daemon, start_redis_server
+from support import exchange
 
 QUIT = b"*1\r\n$4\r\nQUIT\r\n"
 
@@ -99,8 +100,8 @@ COMMAND_CASES = {
 
 @pytest.fixture(scope="module")
 def pair():
+    reference = start_redis_server("--databases", "1")  # pfxcached has db 0 only; first: nothing left behind without it
     ours = start_daemon()
-    reference = start_redis_server("--databases", "1")  # pfxcached has db 0 only
     yield ours, reference
     reference.stop()
     assert ours.stop() == 0, ours.log_text()
@@ -126,8 +127,8 @@ def test_command_replies_match_redis(pair, name):
 
 @pytest.fixture(scope="module")
 def password_pair():
-    ours = start_daemon("--requirepass", "s3cret")
     reference = start_redis_server("--requirepass", "s3cret", "--databases", "1")
+    ours = start_daemon("--requirepass", "s3cret")
     yield ours, reference
     reference.stop()
     assert ours.stop() == 0, ours.log_text()

@@ -22,7 +22,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from support import encode_command, start_daemon
+from pfxcache.testing import encode_command, start_daemon
 
 EXCHANGE_TIMEOUT = 10.0
 #: PFXCACHE_FUZZ_EXAMPLES=5000 for a longer run than CI's.

@@ -10,7 +10,8 @@ import time
 
 import redis
 
-from support import RawClient, encode_command
+from pfxcache.testing import encode_command
+from support import RawClient
 from pfxcache.daemon.store import MemoryArena, PrefixStore
 
 

@@ -12,7 +12,8 @@ import time
 import pytest
 import redis
 
-from support import RawClient, encode_command, exchange, free_port, start_daemon
+from pfxcache.testing import encode_command, free_port, start_daemon
+from support import RawClient, exchange
 
 
 def run_daemon(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:

@@ -28,7 +28,8 @@ import numpy as np
 import pytest
 import redis
 from pfxcache.daemon.store import MemoryArena, PrefixStore
-from support import encode_command, start_daemon, wait_for
+from pfxcache.testing import encode_command, start_daemon
+from support import wait_for
 
 PS = 4  # tokens per page in most daemons here
 BB = 1024  # bytes per block in most daemons here

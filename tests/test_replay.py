@@ -1,31 +1,16 @@
-"""scripts/replay: trace formats, the Mooncake token mapping, Belady's bound, store vs daemon mode, --json."""
+"""pfxcache.tools.replay (scripts/replay): trace formats, the Mooncake token mapping, Belady's bound, store vs daemon mode, --json."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib.machinery
-import importlib.util
 import io
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "replay"
+from pfxcache.tools import replay
 
-
-def _load():
-    loader = importlib.machinery.SourceFileLoader("pfx_replay", str(SCRIPT))
-    spec = importlib.util.spec_from_loader("pfx_replay", loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["pfx_replay"] = module
-    loader.exec_module(module)
-    return module
-
-
-replay = _load()
 B = 16  # tokens per block/page in these tests: small and fast
 
 

@@ -26,7 +26,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from support import encode_command, start_daemon
+from pfxcache.testing import encode_command, start_daemon
 
 PS = 4
 BB = 256

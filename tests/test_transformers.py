@@ -31,7 +31,7 @@ transformers = pytest.importorskip("transformers")
 
 from pfxcache.client import PrefixCache  # noqa: E402
 from pfxcache.client import hf  # noqa: E402
-from support import start_daemon  # noqa: E402
+from pfxcache.testing import start_daemon  # noqa: E402
 
 PAGE = 4
 STEPS = 6

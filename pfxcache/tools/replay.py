@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Replay a prefix-cache workload trace: token hit rate per eviction policy and capacity, with Belady's bound.
 
 Every request of the trace, in order, is handled as an inference worker does:
@@ -76,7 +75,6 @@ import argparse
 import heapq
 import itertools
 import json
-import os
 import re
 import subprocess
 import sys
@@ -84,10 +82,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
-if __name__ == "__main__" and VENV_PYTHON.exists() and Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
-    os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), __file__, *sys.argv[1:]])
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (an editable install)
 
 import numpy as np
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """In-process benchmark of the prefix store core (no sockets, no daemon).
 
 For trees of 10^3, 10^4, 10^5 and 10^6 cached pages (--sizes), builds a
@@ -53,14 +52,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
-if VENV_PYTHON.exists() and Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
-    os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), __file__, *sys.argv[1:]])
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (an editable install)
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from pfxcache.daemon.store import MemoryArena, PrefixStore  # noqa: E402
+from pfxcache.daemon.store import MemoryArena, PrefixStore
 
 try:
     from tqdm import tqdm

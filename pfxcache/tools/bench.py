@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark pfxcached against redis-server on this machine, in one invocation.
 
 Starts both servers on free loopback ports, runs redis-benchmark loads against
@@ -59,13 +58,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
-if VENV_PYTHON.exists() and Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
-    os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), __file__, *sys.argv[1:]])
-sys.path.insert(0, str(ROOT / "tests"))
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (an editable install)
 
-from support import encode_command, start_daemon, start_redis_server  # noqa: E402
+from pfxcache.testing import encode_command, start_daemon, start_redis_server
 
 try:
     from tqdm import tqdm
@@ -293,10 +288,10 @@ def serve_floor(port: int) -> None:
 
 
 def start_floor() -> subprocess.Popen:
-    from support import free_port
+    from pfxcache.testing import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, __file__, "--serve-floor", str(port)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "pfxcache.tools.bench", "--serve-floor", str(port)], stdout=subprocess.PIPE, text=True)
     proc.stdout.readline()
     proc.port = port  # type: ignore[attr-defined]
     return proc

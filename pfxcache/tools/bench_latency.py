@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Read latency of pfxcached under a heavy write load, with 16 shards and with 1.
 
 For each --shards value (default 16, then 1) a fresh pfxcached is started
@@ -48,16 +47,12 @@ import time
 import zlib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
-if VENV_PYTHON.exists() and Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
-    os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), __file__, *sys.argv[1:]])
-sys.path.insert(0, str(ROOT / "tests"))
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (an editable install)
 
-import hiredis  # noqa: E402
-import numpy as np  # noqa: E402
+import hiredis
+import numpy as np
 
-from support import encode_command, start_daemon  # noqa: E402
+from pfxcache.testing import encode_command, start_daemon
 
 try:
     from tqdm import tqdm
@@ -243,7 +238,7 @@ def run_config(shards: int, args: argparse.Namespace, bar) -> tuple[dict, dict[s
         curves["idle"] = lat
 
         before = as_dict(as_dict(admin.call("PFXINFO"))["stats"])
-        proc = subprocess.Popen([sys.executable, __file__, "--writer-process", daemon.host, str(daemon.port),
+        proc = subprocess.Popen([sys.executable, "-m", "pfxcache.tools.bench_latency", "--writer-process", daemon.host, str(daemon.port),
                                  str(args.writers), str(args.write_pages), str(args.block_bytes)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Check the cuda arena on a machine with an NVIDIA GPU, in one invocation (well under a minute).
 
 Installs nothing: it expects ``pip install -e '.[cuda12,client]'`` (or
@@ -11,7 +10,7 @@ redis-py is missing, or when no CUDA device is visible.
 
 What it does:
 
-1. starts pfxcached with ``--arena cuda --port 0`` (tests/support.start_daemon)
+1. starts pfxcached with ``--arena cuda --port 0`` (pfxcache.testing.start_daemon)
    and checks PFXINFO's arena map: backend cuda, a 64-byte IPC handle, the
    daemon's pid, the size;
 2. worker 1 (its own process): PFXALLOC, opens the IPC handle
@@ -39,13 +38,7 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
-if VENV_PYTHON.exists() and Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
-    os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), __file__, *sys.argv[1:]])
-sys.path.insert(0, str(ROOT / "tests"))
 
 INSTALL = "pip install -e '.[cuda12,client]'   (CUDA 13: '.[cuda13,client]')"
 NAMESPACE = "gpu-check"
@@ -185,7 +178,7 @@ def _runs(blocks) -> int:
 
 
 def run_worker(role: str, args: argparse.Namespace, port: int) -> dict:
-    command = [sys.executable, __file__, "--worker", role, "--port", str(port), "--device", str(args.device),
+    command = [sys.executable, "-m", "pfxcache.tools.gpu_check", "--worker", role, "--port", str(port), "--device", str(args.device),
                "--pages", str(args.pages), "--repeat", str(args.repeat)]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=180)
     if done.returncode != 0:
@@ -218,7 +211,7 @@ def check(args: argparse.Namespace) -> int:
     name = cupy.cuda.runtime.getDeviceProperties(args.device)["name"]
     name = name.decode() if isinstance(name, bytes) else str(name)
 
-    from support import start_daemon
+    from pfxcache.testing import start_daemon
 
     block_bytes = args.block_kib * 1024
     args.pages = max(1, args.mib * 2**20 // block_bytes)

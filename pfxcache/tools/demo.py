@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Serve a transformers causal LM through pfxcached: multi-turn chats that share a system prompt.
 
 Starts a daemon sized for the model (page size, block bytes from
@@ -33,11 +32,6 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
-if VENV_PYTHON.exists() and Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
-    os.execv(str(VENV_PYTHON), [str(VENV_PYTHON), __file__, *sys.argv[1:]])
-sys.path.insert(0, str(ROOT / "tests"))
 
 try:
     from tqdm import tqdm
@@ -111,7 +105,7 @@ def main(argv: list[str]) -> int:
     if args.url:
         url = args.url
     else:
-        from support import start_daemon
+        from pfxcache.testing import start_daemon
 
         daemon = start_daemon("--page-size", str(args.page_size), "--block-bytes", str(layout.block_bytes),
                               "--maxmemory", args.maxmemory)
