@@ -223,6 +223,11 @@ FAKE_CUPY = textwrap.dedent(
             ctypes.memset(ptr, value, size)
 
         @staticmethod
+        def memsetAsync(ptr, value, size, stream):
+            assert all(isinstance(v, int) for v in (ptr, value, size, stream)), "memsetAsync takes ints"
+            ctypes.memset(ptr, value, size)
+
+        @staticmethod
         def deviceSynchronize():
             calls["sync"] += 1
 
@@ -383,6 +388,19 @@ def test_cuda_arena_on_the_stand_in(fake_cupy):
     arena.close()  # idempotent
     with pytest.raises(ValueError, match="closed"):
         arena.read([0])
+
+
+def test_cuda_arena_zero_on_the_stand_in(fake_cupy):
+    # Fresh blocks never show their last owner's bytes: one memset per run, or one scatter of zeros.
+    arena = CudaArena(16, 64, cupy=fake_cupy)
+    everything = list(range(64))
+    arena.write(everything, pattern(everything, 16).tobytes())
+    for ids in ([3, 4, 5, 9], list(range(63, 20, -2))):
+        arena.zero(ids)
+        assert arena.read(ids) == bytes(16 * len(ids))
+    untouched = [b for b in everything if b not in {3, 4, 5, 9} and not (b > 20 and b % 2)]
+    assert arena.read(untouched) == pattern(untouched, 16).tobytes()
+    arena.close()
 
 
 def test_cuda_arena_in_a_thread(fake_cupy):

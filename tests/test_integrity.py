@@ -84,3 +84,58 @@ def test_lease_ttl_zero_means_leases_without_deadline(fresh_daemon):
     assert client.config_set("lease-ttl", 0)
     assert client.execute_command("PFXRELEASE", lease) == 1
     client.close()
+
+
+# -- item 2: fresh blocks never show what another tenant wrote --------------------------------------
+
+TENANTS_ACL = ("user tenant-a on >pa ~a:* +@pfx -@admin\n"
+               "user tenant-b on >pb ~b:* +@pfx -@admin\n")
+
+
+@pytest.fixture
+def tenants(fresh_daemon, tmp_path):
+    aclfile = tmp_path / "users.acl"
+    aclfile.write_text(TENANTS_ACL)
+    daemon = fresh_daemon("--page-size", "4", "--block-bytes", "128", "--maxmemory", "1024",
+                          "--evict-low-watermark", "0", "--aclfile", str(aclfile))
+    opened = []
+
+    def connect(user: str, password: str) -> redis.Redis:
+        client = redis.Redis(host=daemon.host, port=daemon.port, protocol=3, username=user, password=password)
+        opened.append(client)
+        return client
+
+    yield daemon, connect
+    for client in opened:
+        client.close()
+
+
+def test_allocated_blocks_never_hold_another_tenants_evicted_bytes(tenants):
+    daemon, connect = tenants
+    a, b = connect("tenant-a", "pa"), connect("tenant-b", "pb")
+    # B fills every block of the arena with its secret, then forgets it.
+    for i in range(8):
+        b.execute_command("PFXSET", f"b:{i}", "TOKENS", i, 2, 3, 4, "DATA", b"SECRET!!" * 16)
+    assert b.execute_command("PFXINFO")[b"arena"][b"blocks-free"] == 0
+    for i in range(8):
+        b.execute_command("PFXEVICT", f"b:{i}", "ALL")
+    # A allocates every block, commits them unwritten, and reads them back over RESP.
+    for i in range(8):
+        (block,) = a.execute_command("PFXALLOC", f"a:{i}", 1)[b"blocks"]
+        a.execute_command("PFXSET", f"a:{i}", "TOKENS", 9, 9, 9, i, "BLOCKS", block)
+        data = a.execute_command("PFXGET", f"a:{i}", "TOKENS", 9, 9, 9, i, "WITHDATA", "NOLEASE")[b"data"]
+        assert data == b"\0" * 128, data
+
+
+def test_arena_zero_clears_exactly_the_given_blocks_in_runs_or_scattered():
+    from pfxcache.daemon.store import MemoryArena
+
+    arena = MemoryArena(8, 200)
+    arena.write(range(200), bytes(range(200)) * 8)
+    scattered = list(range(199, 50, -3))  # more runs than one memset each
+    for ids in ([0, 1, 2, 7], scattered, []):
+        arena.zero(ids)
+    zeroed = {0, 1, 2, 7, *scattered}
+    for block in range(200):
+        expected = bytes(8) if block in zeroed else (bytes(range(200)) * 8)[block * 8 : block * 8 + 8]
+        assert arena.read([block]) == expected, block

@@ -19,6 +19,8 @@ import numpy as np
 from .errors import BadRequest
 
 SHM_DIR = "/dev/shm"
+#: Past this many runs of consecutive ids, zero() does one fancy-indexed store instead of a memset per run.
+MAX_ZERO_RUNS = 32
 
 
 class Arena:
@@ -71,6 +73,24 @@ class Arena:
             raise BadRequest(f"data is {src.size} bytes, expected {idx.size} blocks x {self.block_bytes} bytes")
         if idx.size:
             self._blocks[idx] = src.reshape(idx.size, self.block_bytes)
+
+    def zero(self, ids: Sequence[int]) -> None:
+        """Fill ``ids`` with zeros: a block handed to a new writer never shows what it held before.
+
+        One memset per run of consecutive ids (fresh allocations mostly are a few runs), or one
+        fancy-indexed store when the ids are scattered; never a Python loop per block.
+        """
+        idx = self._index(ids)
+        if not idx.size:
+            return
+        starts = np.flatnonzero(np.diff(idx) != 1) + 1
+        if starts.size >= MAX_ZERO_RUNS:
+            self._blocks[idx] = 0
+            return
+        bounds = np.concatenate(([0], starts, [idx.size])).tolist()
+        for lo, hi in zip(bounds, bounds[1:]):
+            first = int(idx[lo])
+            self._blocks[first : first + hi - lo] = 0
 
     def view(self, block_id: int) -> memoryview:
         """A writable zero-copy view of one block (release it before close())."""

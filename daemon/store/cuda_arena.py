@@ -247,6 +247,21 @@ class CudaArena(Arena):
             # Before PFXSET replies, the bytes must be on the device for every other process.
             blocks_from_host(self._cp, self._blocks, self.ptr, idx, src)
 
+    def zero(self, ids: Sequence[int]) -> None:
+        """Fill ``ids`` with zeros on the device (one memset per run), synchronised before returning."""
+        idx = self._index(ids)
+        if not idx.size:
+            return
+        with self._device():
+            runtime, stream = self._runtime, self._cp.cuda.get_current_stream()
+            bb = self.block_bytes
+            if count_runs(idx) <= MAX_DIRECT_RUNS:
+                for first, count, _ in contiguous_runs(idx):
+                    runtime.memsetAsync(self.ptr + first * bb, 0, count * bb, stream.ptr)
+            else:
+                self._blocks[self._cp.asarray(idx)] = 0
+            stream.synchronize()
+
     # --- the rest of the Arena interface -----------------------------------
 
     def view(self, block_id: int) -> memoryview:

@@ -398,6 +398,8 @@ class PrefixStore:
             if not self._fits(n):
                 raise self._oom(n)
         blocks = self._reserve(n)  # first: its evictions may retire this namespace if it is empty
+        # The writer may commit blocks it never wrote: they must not show their last owner's bytes.
+        self.arena.zero(blocks)
         rec = self._namespace(name)
         lease = self._leases.new(owner, ALLOC, name, deadline, None, dict.fromkeys(blocks))
         for b in blocks:
