@@ -133,7 +133,7 @@ def _stats(server: Any) -> Fields:
         ("total_net_input_bytes", stats.total_net_input_bytes),
         ("total_net_output_bytes", stats.total_net_output_bytes),
         ("rejected_connections", stats.rejected_connections),
-        ("expired_keys", 0),
+        ("expired_keys", server.prefix.store.keys.expired if server.prefix is not None else 0),
         ("evicted_keys", server.evicted_keys()),
         ("keyspace_hits", server.keyspace_hits()),
         ("keyspace_misses", server.keyspace_misses()),
@@ -189,7 +189,10 @@ def _cluster(server: Any) -> Fields:
 
 def _keyspace(server: Any) -> Iterable[str]:
     keys = server.dbsize()
-    return [f"db0:keys={keys},expires=0,avg_ttl=0"] if keys else []
+    if not keys:
+        return []
+    expires, avg_ttl = server.prefix.store.keys.volatile()
+    return [f"db0:keys={keys},expires={expires},avg_ttl={avg_ttl}"]
 
 
 #: name -> (title, builder, in the default set). Builders return pairs or ready lines.

@@ -98,6 +98,7 @@ class PrefixService:
         blocks above the low watermark. INFO's ``pfxcache_ticks`` counts the runs."""
         self.ticks += 1
         self.store.expire()
+        self.store.keys.expire_due()
         low = self.arena.nblocks * self.config["evict-low-watermark"] // 100
         if low:
             self.store.evict_to_watermark(low)

@@ -67,10 +67,12 @@ class StartupError(Exception):
 
 def build_command_table() -> CommandTable:
     """The command table with every handler module bound to its rows."""
-    from .commands import acl_commands, connection_commands, introspection, prefix_commands, server_commands
+    from .commands import (acl_commands, connection_commands, introspection, keyspace_commands, prefix_commands,
+                           server_commands)
 
     table = CommandTable.load()
-    for module in (connection_commands, server_commands, introspection, prefix_commands, acl_commands):
+    for module in (connection_commands, server_commands, introspection, prefix_commands, acl_commands,
+                   keyspace_commands):
         table.bind_module(module)
     return table
 

@@ -11,7 +11,8 @@ COUNTERS = ("hits", "misses", "evictions", "inserts", "stored")
 class Namespace:
     """Per-namespace trees and counters."""
 
-    __slots__ = ("evictions", "hits", "inserts", "leases", "misses", "name", "stored", "trees")
+    __slots__ = ("access", "deleted", "evictions", "expires_at", "hits", "inserts", "leases", "misses", "name",
+                 "stored", "trees")
 
     def __init__(self, name: bytes) -> None:
         self.name = name
@@ -22,6 +23,9 @@ class Namespace:
         self.inserts = 0  # committed inserts
         self.stored = 0  # pages stored by inserts
         self.leases = 0  # active leases
+        self.access = None  # keyspace.Access: last use and LFU counter, from the first access on
+        self.expires_at: int | None = None  # Unix ms when the whole namespace expires (EXPIRE)
+        self.deleted = False  # DEL'd while pinned: a tombstone waiting for its leases (keyspace.py)
 
     @property
     def pages(self) -> int:

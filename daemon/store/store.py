@@ -28,6 +28,7 @@ from .arguments import TOKEN_BYTES, integer, namespace_name, packed_tokens, page
 from .errors import BadRequest, NoPrefix, OutOfMemory
 from .inserts import InsertPlan
 from .invariants import check_store
+from .keyspace import NamespaceKeys
 from .leases import ALLOC, READ, Lease, LeaseTable
 from .namespaces import Namespace
 from .policies import POLICIES, EvictionIndex
@@ -69,6 +70,8 @@ class PrefixStore:
         # global counters still add up, without keeping a record per name.
         self._retired = Namespace(b"")
         self._plan_ids = itertools.count(1)
+        self.namespace_epoch = 0  # changes whenever a namespace appears or goes (SCAN's order cache)
+        self.keys = NamespaceKeys(self)
         self.hits = 0
         self.misses = 0
         self.evictions = 0
@@ -108,8 +111,11 @@ class PrefixStore:
 
     def _namespace(self, name: bytes) -> Namespace:
         rec = self._ns.get(name)
+        if rec is not None and rec.expires_at is not None and self.keys.live(name) is None:
+            rec = None  # it expired just now
         if rec is None:
             rec = self._ns[name] = Namespace(name)
+            self.namespace_epoch += 1
         return rec
 
     def _fits(self, n: int, pin_cost: int = 0) -> bool:
@@ -183,6 +189,10 @@ class PrefixStore:
         npages = len(tokens) // self.page_bytes
         # A lookup never creates a namespace: unknown keys cost no memory.
         rec = self._ns.get(name, self._retired)
+        if rec.expires_at is not None and self.keys.live(name) is None:
+            rec = self._retired
+        if rec is not self._retired:
+            self.keys.record_access(rec)
         pages = 0
         blocks: list[int] = []
         lease_id = 0
@@ -258,6 +268,8 @@ class PrefixStore:
         given = self._given_blocks(blocks, npages - off, owner) if blocks is not None else None
         shard = self._shard(name, tokens)
         rec = self._ns.get(name)
+        if rec is not None and rec.expires_at is not None:
+            rec = self.keys.live(name)
         tree = rec.trees.get(shard) if rec is not None else None
         if tree is not None:
             node, pages, child, extra = tree.walk(tokens, npages)
@@ -338,6 +350,10 @@ class PrefixStore:
         self.inserts += 1
         self.stored += stored
         result = InsertResult(stored, plan.npages - plan.offset_pages - stored, tree.path_blocks(end))
+        if rec.deleted:  # DEL'd during the insert: nobody may see these pages
+            self._sweep_deleted(rec)
+        else:
+            self.keys.record_access(rec)
         self._retire_if_empty(rec)  # an insert of no whole page leaves no key behind
         return result
 
@@ -363,6 +379,8 @@ class PrefixStore:
         plan.tree.unpin(plan.node)
         rec = self._ns.get(plan.ns)
         if rec is not None:
+            if rec.deleted:
+                self._sweep_deleted(rec)
             self._retire_if_empty(rec)
 
     def insert(self, ns, tokens, *, offset: int = 0, data=None, blocks=None, owner: int = 0) -> InsertResult:
@@ -420,7 +438,15 @@ class PrefixStore:
             for b in freed:
                 del self._leased_by[b]
             self._alloc.release(freed)
+        if rec.deleted:
+            self._sweep_deleted(rec)
         self._retire_if_empty(rec)
+
+    def _sweep_deleted(self, rec: Namespace) -> None:
+        """Free the pages of a deleted namespace that no lease pins any more."""
+        for tree in rec.trees.values():
+            if tree.unpinned:
+                self._drop(tree, tree.root)
 
     def renew(self, lease_id: int, owner: int, ttl_ms: int | None = None) -> bool:
         """Give a lease of ``owner`` a new deadline, ``ttl_ms`` from now (None: lease-ttl, 0: none).
@@ -531,6 +557,7 @@ class PrefixStore:
         self._retired.absorb(rec)
         del self._ns[rec.name]
         self._index.forget_scope(rec.name)
+        self.namespace_epoch += 1
 
     def flush(self) -> EvictResult:
         """Drop every unpinned page of every namespace, and what the eviction policy learned from them."""
@@ -567,7 +594,7 @@ class PrefixStore:
     def namespaces(self) -> list[bytes]:
         """Names of the namespaces that hold pages or leases (Redis's keys), sorted."""
         return sorted(name for name, rec in self._ns.items()
-                      if rec.holds_anything)
+                      if rec.holds_anything and not rec.deleted)
 
     @staticmethod
     def _rate(hits: int, misses: int) -> float:
@@ -596,7 +623,8 @@ class PrefixStore:
             "pages": t.pages, "pinned_pages": t.pages - t.unpinned, "evictable_pages": t.unpinned,
             "hits_tokens": self.hits, "misses_tokens": self.misses, "hit_rate": self._rate(self.hits, self.misses),
             "evictions": self.evictions, "inserts": self.inserts, "stored_pages": self.stored,
-            "leases": len(self._leases), "inserts_in_progress": len(self._plans), "namespaces": len(self._ns),
+            "leases": len(self._leases), "inserts_in_progress": len(self._plans),
+            "namespaces": sum(1 for rec in self._ns.values() if not rec.deleted),
         }
 
     def policy_state(self) -> dict:
