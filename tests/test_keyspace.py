@@ -13,7 +13,8 @@ import time
 import pytest
 import redis
 
-from support import start_daemon, wait_for
+from pfxcache.testing import start_daemon
+from support import wait_for
 
 GEOMETRY = ("--page-size", "4", "--block-bytes", "8", "--maxmemory", "4096")
 
