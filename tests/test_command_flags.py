@@ -16,7 +16,7 @@ import hiredis
 import pytest
 import redis
 from redis.client import NEVER_DECODE
-from support import encode_command, start_daemon, start_redis_server
+from pfxcache.testing import encode_command, start_daemon, start_redis_server
 
 NEVER = {NEVER_DECODE: True}
 
