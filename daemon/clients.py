@@ -34,7 +34,6 @@ class Client:
         "is_unix",
         "query_buffered",
         "kill",
-        "server",
     )
 
     def __init__(self, client_id: int, addr: str, laddr: str, fd: int, *, is_unix: bool = False) -> None:
@@ -61,7 +60,6 @@ class Client:
         self.query_buffered = 0
         #: Cancels the connection task (set by the connection).
         self.kill: Callable[[], None] = lambda: None
-        self.server = None
 
     def describe(self) -> str:
         """The ``CLIENT LIST`` line for this client (Redis 7.2 field order)."""

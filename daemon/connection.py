@@ -28,7 +28,8 @@ from pfxcache.protocol.replies import ReplyBuffer, encode_into
 from pfxcache.protocol.requests import NEED_DATA, ProtocolError, RequestParser
 
 from .clients import Client
-from .dispatch import NO_REPLY, Context, Pending, execute, execute_pending
+from .commands.context import NO_REPLY, Context
+from .dispatch import Pending, execute, execute_pending
 
 log = logging.getLogger("pfxcached")
 

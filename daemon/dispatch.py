@@ -14,32 +14,14 @@ from typing import Any
 
 from pfxcache.protocol.replies import Error
 
+from .commands.context import Context
+from .commands.spec import CommandSpec
+from .stats import Stats
+
 log = logging.getLogger("pfxcached")
 
 NOAUTH = Error("NOAUTH Authentication required.")
 _now = time.perf_counter_ns
-
-
-class NoReply:
-    """Returned by a handler whose connection closes without a reply (SHUTDOWN)."""
-
-    __slots__ = ()
-
-
-NO_REPLY = NoReply()
-
-
-class Context:
-    """What a handler sees: the server and the client that sent the command.
-
-    One per connection, reused for every command it sends.
-    """
-
-    __slots__ = ("server", "client")
-
-    def __init__(self, server: Any, client: Any) -> None:
-        self.server = server
-        self.client = client
 
 
 class Pending:
@@ -47,12 +29,12 @@ class Pending:
 
     __slots__ = ("spec", "argv")
 
-    def __init__(self, spec: Any, argv: list[bytes]) -> None:
+    def __init__(self, spec: CommandSpec, argv: list[bytes]) -> None:
         self.spec = spec
         self.argv = argv
 
 
-def _record_error(stats: Any, reply: Error) -> None:
+def _record_error(stats: Stats, reply: Error) -> None:
     stats.error(reply.message.split(" ", 1)[0])
 
 
@@ -103,12 +85,12 @@ async def execute_pending(ctx: Context, pending: Pending) -> Any:
     return reply
 
 
-def _internal_error(spec: Any, exc: Exception) -> Error:
+def _internal_error(spec: CommandSpec, exc: Exception) -> Error:
     log.exception("internal error in command '%s'", spec.fullname)
     return Error(f"ERR internal error in '{spec.fullname}': {type(exc).__name__}")
 
 
-def _account(stats: Any, spec: Any, reply: Any, start: int) -> None:
+def _account(stats: Stats, spec: CommandSpec, reply: Any, start: int) -> None:
     stat = stats.commands.get(spec.fullname) or stats.command(spec.fullname)
     stat.calls += 1
     stat.usec += (_now() - start) // 1000

@@ -19,7 +19,10 @@ import platform
 import resource
 import sys
 import time
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+if TYPE_CHECKING:
+    from .commands.context import ServerState
 
 Fields = Iterable[tuple[str, Any]]
 
@@ -34,7 +37,7 @@ def human_bytes(n: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _server(server: Any) -> Fields:
+def _server(server: ServerState) -> Fields:
     now = time.time()
     uptime = int(server.uptime)
     return [
@@ -66,7 +69,7 @@ def _server(server: Any) -> Fields:
     ]
 
 
-def _clients(server: Any) -> Fields:
+def _clients(server: ServerState) -> Fields:
     largest_input = max((client.query_buffered for client in server.clients), default=0)
     return [
         ("connected_clients", len(server.clients)),
@@ -80,33 +83,31 @@ def _clients(server: Any) -> Fields:
     ]
 
 
-def _memory(server: Any) -> Fields:
-    from .server import process_rss
-
-    rss = process_rss()
-    server.peak_memory = max(server.peak_memory, rss)
-    maxmemory = server.memory_limit()
+def _memory(server: ServerState) -> Fields:
+    rss = server.memory.sample()
+    peak = server.memory.peak
+    maxmemory = server.config["maxmemory"]
     return [
         # The daemon's heap is Python's; the process RSS is the honest figure for it.
         ("used_memory", rss),
         ("used_memory_human", human_bytes(rss)),
         ("used_memory_rss", rss),
         ("used_memory_rss_human", human_bytes(rss)),
-        ("used_memory_peak", server.peak_memory),
-        ("used_memory_peak_human", human_bytes(server.peak_memory)),
-        ("used_memory_peak_perc", f"{100.0 * rss / server.peak_memory if server.peak_memory else 100:.2f}%"),
-        ("used_memory_dataset", server.dataset_bytes()),
+        ("used_memory_peak", peak),
+        ("used_memory_peak_human", human_bytes(peak)),
+        ("used_memory_peak_perc", f"{100.0 * rss / peak if peak else 100:.2f}%"),
+        ("used_memory_dataset", server.prefix.dataset_bytes()),
         ("total_system_memory", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
         ("total_system_memory_human", human_bytes(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))),
         ("maxmemory", maxmemory),
         ("maxmemory_human", human_bytes(maxmemory)),
-        ("maxmemory_policy", server.memory_policy()),
+        ("maxmemory_policy", server.config["maxmemory-policy"]),
         ("mem_fragmentation_ratio", "1.00"),
         ("mem_allocator", "libc"),
     ]
 
 
-def _persistence(server: Any) -> Fields:
+def _persistence(server: ServerState) -> Fields:
     # Nothing is persisted: a prefix cache is rebuilt by the workers. The fields
     # exist because redis-cli --stat and exporters read them.
     return [
@@ -124,8 +125,9 @@ def _persistence(server: Any) -> Fields:
     ]
 
 
-def _stats(server: Any) -> Fields:
+def _stats(server: ServerState) -> Fields:
     stats = server.stats
+    store = server.prefix.stats()
     return [
         ("total_connections_received", stats.total_connections_received),
         ("total_commands_processed", stats.total_commands_processed),
@@ -133,10 +135,10 @@ def _stats(server: Any) -> Fields:
         ("total_net_input_bytes", stats.total_net_input_bytes),
         ("total_net_output_bytes", stats.total_net_output_bytes),
         ("rejected_connections", stats.rejected_connections),
-        ("expired_keys", server.prefix.store.keys.expired if server.prefix is not None else 0),
-        ("evicted_keys", server.evicted_keys()),
-        ("keyspace_hits", server.keyspace_hits()),
-        ("keyspace_misses", server.keyspace_misses()),
+        ("expired_keys", server.prefix.store.keys.expired),
+        ("evicted_keys", store["evictions"]),
+        ("keyspace_hits", store["hits_tokens"]),
+        ("keyspace_misses", store["misses_tokens"]),
         ("pubsub_channels", 0),
         ("pubsub_patterns", 0),
         ("total_error_replies", stats.total_error_replies),
@@ -147,7 +149,7 @@ def _stats(server: Any) -> Fields:
     ]
 
 
-def _replication(server: Any) -> Fields:
+def _replication(server: ServerState) -> Fields:
     return [
         ("role", "master"),
         ("connected_slaves", 0),
@@ -160,7 +162,7 @@ def _replication(server: Any) -> Fields:
     ]
 
 
-def _cpu(server: Any) -> Fields:
+def _cpu(server: ServerState) -> Fields:
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return [
@@ -171,24 +173,24 @@ def _cpu(server: Any) -> Fields:
     ]
 
 
-def _modules(server: Any) -> Fields:
+def _modules(server: ServerState) -> Fields:
     return []
 
 
-def _commandstats(server: Any) -> Iterable[str]:
+def _commandstats(server: ServerState) -> Iterable[str]:
     return [stat.info_line(name) for name, stat in server.stats.commands.items() if stat.calls or stat.rejected_calls or stat.failed_calls]
 
 
-def _errorstats(server: Any) -> Iterable[str]:
+def _errorstats(server: ServerState) -> Iterable[str]:
     return [f"errorstat_{code}:count={count}" for code, count in server.stats.errors.items()]
 
 
-def _cluster(server: Any) -> Fields:
+def _cluster(server: ServerState) -> Fields:
     return [("cluster_enabled", 0)]
 
 
-def _keyspace(server: Any) -> Iterable[str]:
-    keys = server.dbsize()
+def _keyspace(server: ServerState) -> Iterable[str]:
+    keys = server.prefix.namespace_count()
     if not keys:
         return []
     expires, avg_ttl = server.prefix.store.keys.volatile()
@@ -196,7 +198,7 @@ def _keyspace(server: Any) -> Iterable[str]:
 
 
 #: name -> (title, builder, in the default set). Builders return pairs or ready lines.
-SECTIONS: dict[str, tuple[str, Callable[[Any], Iterable[Any]], bool]] = {
+SECTIONS: dict[str, tuple[str, Callable[[ServerState], Iterable[Any]], bool]] = {
     "server": ("Server", _server, True),
     "clients": ("Clients", _clients, True),
     "memory": ("Memory", _memory, True),
@@ -213,8 +215,8 @@ SECTIONS: dict[str, tuple[str, Callable[[Any], Iterable[Any]], bool]] = {
 
 #: Module-style sections (``# pfxcache`` ...) added by later parts of the daemon:
 #: name -> (title, builder). Shown for ``everything``, ``modules`` or by name.
-MODULE_SECTIONS: dict[str, tuple[str, Callable[[Any], Iterable[Any]]]] = {
-    "pfxcache": ("pfxcache", lambda server: server.prefix.info_section() if server.prefix else []),
+MODULE_SECTIONS: dict[str, tuple[str, Callable[[ServerState], Iterable[Any]]]] = {
+    "pfxcache": ("pfxcache", lambda server: server.prefix.info_section()),
 }
 
 
@@ -237,7 +239,7 @@ def select_sections(args: list[str]) -> list[str]:
     return chosen
 
 
-def render(server: Any, args: list[str]) -> str:
+def render(server: ServerState, args: list[str]) -> str:
     """The INFO text for ``args`` (section names, ``all``, ``everything``, ``default``)."""
     blocks = []
     for name in select_sections(args):

@@ -116,6 +116,24 @@ class PrefixService:
             return await trio.to_thread.run_sync(self.arena.read, blocks)
         return self.arena.read(blocks)
 
+    # -- the figures INFO, DBSIZE and PFXINFO read --------------------------------
+
+    def stats(self, namespace: bytes | None = None) -> dict:
+        """The store's counters and gauges, global or for one namespace."""
+        return self.store.stats(namespace)
+
+    def namespace_count(self) -> int:
+        """Namespaces holding pages: DBSIZE and INFO keyspace's ``keys``."""
+        return len(self.store.namespaces())
+
+    def dataset_bytes(self) -> int:
+        """Bytes of KV data held in the arena (INFO's ``used_memory_dataset``)."""
+        return self.store.stats()["blocks_used"] * self.arena.block_bytes
+
+    def flush(self) -> None:
+        """FLUSHALL / FLUSHDB: drop every unpinned page of every namespace."""
+        self.store.flush()
+
     def describe(self, namespace: bytes | None = None) -> dict:
         """The PFXINFO map: geometry, arena, policy, and global or per-namespace stats."""
         store = self.store

@@ -22,6 +22,7 @@ import os
 import secrets
 import signal
 import socket as stdlib_socket
+import stat
 import threading
 import time
 from typing import Any
@@ -33,9 +34,19 @@ from pfxcache import __version__
 from . import logs
 from .acl import AclUsers
 from .clients import Client, ClientRegistry
+from .commands import (
+    acl_commands,
+    connection_commands,
+    introspection,
+    keyspace_commands,
+    prefix_commands,
+    server_commands,
+)
 from .commands.table import CommandTable
+from .config import Config
 from .connection import serve_connection
 from .prefix import PrefixService
+from .process import ProcessMemory
 from .stats import Stats
 
 log = logging.getLogger("pfxcached")
@@ -67,9 +78,6 @@ class StartupError(Exception):
 
 def build_command_table() -> CommandTable:
     """The command table with every handler module bound to its rows."""
-    from .commands import (acl_commands, connection_commands, introspection, keyspace_commands, prefix_commands,
-                           server_commands)
-
     table = CommandTable.load()
     for module in (connection_commands, server_commands, introspection, prefix_commands, acl_commands,
                    keyspace_commands):
@@ -144,8 +152,6 @@ def open_unix_listener(path: str, perm: int, backlog: int) -> Listener:
     """Listen on a unix socket, replacing a stale socket file left by a killed daemon."""
     try:
         if os.path.exists(path):
-            import stat
-
             if not stat.S_ISSOCK(os.stat(path).st_mode):
                 raise StartupError(f"Unix socket path {path} exists and is not a socket")
             os.unlink(path)
@@ -176,9 +182,14 @@ def _configure_client_socket(sock: stdlib_socket.socket, keepalive: int) -> None
 
 
 class Server:
-    """The daemon: configuration, command table, clients, stats, and the serve loop."""
+    """The daemon: configuration, command table, clients, stats, and the serve loop.
 
-    def __init__(self, config: Any, commands: CommandTable | None = None) -> None:
+    Handlers see it as a :class:`~pfxcache.daemon.commands.context.ServerState`:
+    each figure INFO shows is read from its owner (``config``, ``stats``,
+    ``clients``, ``prefix``, ``memory``), not forwarded by the server.
+    """
+
+    def __init__(self, config: Config, commands: CommandTable | None = None) -> None:
         self.config = config
         self.commands = commands if commands is not None else build_command_table()
         self.stats = Stats()
@@ -206,9 +217,11 @@ class Server:
         self.tcp_port = 0
         self.addresses: list[str] = []
         self.shutting_down = False
-        self.peak_memory = 0
-        #: The prefix store service, created once the port is known (it names the arena).
-        self.prefix: PrefixService | None = None
+        #: The process's memory and its peak (INFO memory), sampled by the cron.
+        self.memory = ProcessMemory()
+        #: The prefix store service, created once the port is known (it names the
+        #: arena), before the first client connects.
+        self.prefix: PrefixService = None  # type: ignore[assignment]
         self._listeners: list[Listener] = []
         self._shutdown_requested: trio.Event | None = None
         self._control_nursery: trio.Nursery | None = None
@@ -230,37 +243,6 @@ class Server:
     @property
     def uptime(self) -> float:
         return time.monotonic() - self.started_monotonic
-
-    # The keyspace figures INFO and DBSIZE report, from the prefix store.
-    def dbsize(self) -> int:
-        """Number of keys (namespaces) in db 0."""
-        return len(self.prefix.store.namespaces()) if self.prefix else 0
-
-    def memory_limit(self) -> int:
-        return self.config["maxmemory"]
-
-    def memory_policy(self) -> str:
-        return self.config["maxmemory-policy"]
-
-    def dataset_bytes(self) -> int:
-        if not self.prefix:
-            return 0
-        stats = self.prefix.store.stats()
-        return stats["blocks_used"] * self.prefix.arena.block_bytes
-
-    def evicted_keys(self) -> int:
-        return self.prefix.store.stats()["evictions"] if self.prefix else 0
-
-    def keyspace_hits(self) -> int:
-        return self.prefix.store.stats()["hits_tokens"] if self.prefix else 0
-
-    def keyspace_misses(self) -> int:
-        return self.prefix.store.stats()["misses_tokens"] if self.prefix else 0
-
-    def flush(self) -> None:
-        """FLUSHALL / FLUSHDB: drop every unpinned page of every namespace."""
-        if self.prefix:
-            self.prefix.store.flush()
 
     def request_shutdown(self, reason: str = "SHUTDOWN") -> None:
         """Begin a graceful shutdown (idempotent)."""
@@ -420,7 +402,6 @@ class Server:
             return
         client = Client(self.clients.new_id(), addr, laddr, sock.fileno(), is_unix=listener.is_unix)
         client.authenticated = not self.auth_required
-        client.server = self
         self.clients.add(client)
         assert self._connection_nursery is not None
         self._connection_nursery.start_soon(self._run_client, sock, client)
@@ -451,7 +432,7 @@ class Server:
             if now >= next_second:
                 next_second = now + 1.0
                 self._close_idle_clients()
-                self.peak_memory = max(self.peak_memory, process_rss())
+                self.memory.sample()
 
     def _close_idle_clients(self) -> None:
         timeout = self.config["timeout"]
@@ -501,15 +482,3 @@ def _unlink_quietly(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
-
-
-_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-
-
-def process_rss() -> int:
-    """Resident set size of this process in bytes (Linux /proc)."""
-    try:
-        with open("/proc/self/statm") as file:
-            return int(file.read().split()[1]) * _PAGE_SIZE
-    except OSError:
-        return 0

@@ -12,6 +12,7 @@ from pfxcache.protocol.replies import OK, Error
 
 from ..acl import AclError, valid_username
 from . import handles
+from .context import Context
 from .spec import ACL_CATEGORIES
 
 
@@ -20,7 +21,7 @@ def _text(raw: bytes) -> str:
 
 
 @handles("acl|setuser")
-def acl_setuser(ctx: Any, argv: list[bytes]) -> Any:
+def acl_setuser(ctx: Context, argv: list[bytes]) -> Any:
     name = _text(argv[2])
     if not valid_username(name):
         return Error("ERR Usernames can't contain spaces or null characters")
@@ -32,30 +33,30 @@ def acl_setuser(ctx: Any, argv: list[bytes]) -> Any:
 
 
 @handles("acl|getuser")
-def acl_getuser(ctx: Any, argv: list[bytes]) -> Any:
+def acl_getuser(ctx: Context, argv: list[bytes]) -> Any:
     acl = ctx.server.acl
     user = acl.users.get(_text(argv[2]))
     return None if user is None else acl.getuser(user)
 
 
 @handles("acl|list")
-def acl_list(ctx: Any, argv: list[bytes]) -> Any:
+def acl_list(ctx: Context, argv: list[bytes]) -> Any:
     acl = ctx.server.acl
     return [acl.describe(acl.users[name]) for name in sorted(acl.users, key=lambda n: n.encode("utf-8", "surrogateescape"))]
 
 
 @handles("acl|users")
-def acl_users(ctx: Any, argv: list[bytes]) -> Any:
+def acl_users(ctx: Context, argv: list[bytes]) -> Any:
     return sorted(ctx.server.acl.users, key=lambda n: n.encode("utf-8", "surrogateescape"))
 
 
 @handles("acl|whoami")
-def acl_whoami(ctx: Any, argv: list[bytes]) -> Any:
+def acl_whoami(ctx: Context, argv: list[bytes]) -> Any:
     return ctx.client.user
 
 
 @handles("acl|deluser")
-def acl_deluser(ctx: Any, argv: list[bytes]) -> Any:
+def acl_deluser(ctx: Context, argv: list[bytes]) -> Any:
     acl = ctx.server.acl
     names = [_text(raw) for raw in argv[2:]]
     if "default" in names:
@@ -75,7 +76,7 @@ def acl_deluser(ctx: Any, argv: list[bytes]) -> Any:
 
 
 @handles("acl|cat")
-def acl_cat(ctx: Any, argv: list[bytes]) -> Any:
+def acl_cat(ctx: Context, argv: list[bytes]) -> Any:
     if len(argv) > 3:
         return Error("ERR unknown subcommand or wrong number of arguments for 'CAT'. Try ACL HELP.")
     if len(argv) == 2:

@@ -11,7 +11,9 @@ from typing import Any
 from pfxcache.protocol.redis_strings import string2ll
 from pfxcache.protocol.replies import OK, PONG, Error, SimpleString, Verbatim
 
+from ..clients import Client
 from . import handles
+from .context import Context
 
 SYNTAX_ERROR = Error("ERR syntax error")
 NOT_AN_INTEGER = Error("ERR value is not an integer or out of range")
@@ -37,7 +39,7 @@ def _valid_name(raw: bytes) -> bool:
     return all(33 <= byte <= 126 for byte in raw)
 
 
-def authenticate(ctx: Any, username: bytes, password: bytes) -> bool:
+def authenticate(ctx: Context, username: bytes, password: bytes) -> bool:
     """Check a user/password pair and mark the client authenticated on success."""
     name = username.decode("utf-8", "surrogateescape")
     if not ctx.server.acl.authenticate(name, password):
@@ -48,19 +50,19 @@ def authenticate(ctx: Any, username: bytes, password: bytes) -> bool:
 
 
 @handles("ping")
-def ping(ctx: Any, argv: list[bytes]) -> Any:
+def ping(ctx: Context, argv: list[bytes]) -> Any:
     if len(argv) > 2:
         return arity_error("ping")
     return PONG if len(argv) == 1 else argv[1]
 
 
 @handles("echo")
-def echo(ctx: Any, argv: list[bytes]) -> Any:
+def echo(ctx: Context, argv: list[bytes]) -> Any:
     return argv[1]
 
 
 @handles("hello")
-def hello(ctx: Any, argv: list[bytes]) -> Any:
+def hello(ctx: Context, argv: list[bytes]) -> Any:
     client = ctx.client
     version = 0
     position = 1
@@ -105,7 +107,7 @@ def hello(ctx: Any, argv: list[bytes]) -> Any:
 
 
 @handles("auth")
-def auth(ctx: Any, argv: list[bytes]) -> Any:
+def auth(ctx: Context, argv: list[bytes]) -> Any:
     if len(argv) > 3:
         return SYNTAX_ERROR
     if len(argv) == 2:
@@ -121,7 +123,7 @@ def auth(ctx: Any, argv: list[bytes]) -> Any:
 
 
 @handles("select")
-def select(ctx: Any, argv: list[bytes]) -> Any:
+def select(ctx: Context, argv: list[bytes]) -> Any:
     index = parse_integer(argv[1])
     if index is None:
         return NOT_AN_INTEGER
@@ -134,13 +136,13 @@ def select(ctx: Any, argv: list[bytes]) -> Any:
 
 
 @handles("quit")
-def quit_(ctx: Any, argv: list[bytes]) -> Any:
+def quit_(ctx: Context, argv: list[bytes]) -> Any:
     ctx.client.close_after_reply = True
     return OK
 
 
 @handles("reset")
-def reset(ctx: Any, argv: list[bytes]) -> Any:
+def reset(ctx: Context, argv: list[bytes]) -> Any:
     client = ctx.client
     client.resp = 2
     client.db = 0
@@ -196,22 +198,22 @@ CLIENT_HELP = [
 
 
 @handles("client|help")
-def client_help(ctx: Any, argv: list[bytes]) -> Any:
+def client_help(ctx: Context, argv: list[bytes]) -> Any:
     return [SimpleString(line) for line in CLIENT_HELP]
 
 
 @handles("client|id")
-def client_id(ctx: Any, argv: list[bytes]) -> Any:
+def client_id(ctx: Context, argv: list[bytes]) -> Any:
     return ctx.client.id
 
 
 @handles("client|getname")
-def client_getname(ctx: Any, argv: list[bytes]) -> Any:
+def client_getname(ctx: Context, argv: list[bytes]) -> Any:
     return ctx.client.name or None
 
 
 @handles("client|setname")
-def client_setname(ctx: Any, argv: list[bytes]) -> Any:
+def client_setname(ctx: Context, argv: list[bytes]) -> Any:
     if not _valid_name(argv[2]):
         return NAME_ERROR
     ctx.client.name = argv[2].decode()
@@ -219,7 +221,7 @@ def client_setname(ctx: Any, argv: list[bytes]) -> Any:
 
 
 @handles("client|setinfo")
-def client_setinfo(ctx: Any, argv: list[bytes]) -> Any:
+def client_setinfo(ctx: Context, argv: list[bytes]) -> Any:
     attribute = argv[2].lower()
     if attribute not in (b"lib-name", b"lib-ver"):
         return Error(f"ERR Unrecognized option '{argv[2].decode('utf-8', 'replace')}'")
@@ -243,7 +245,7 @@ def _client_type_matches(kind: bytes) -> bool | None:
 
 
 @handles("client|list")
-def client_list(ctx: Any, argv: list[bytes]) -> Any:
+def client_list(ctx: Context, argv: list[bytes]) -> Any:
     clients = list(ctx.server.clients)
     position = 2
     while position < len(argv):
@@ -270,12 +272,12 @@ def client_list(ctx: Any, argv: list[bytes]) -> Any:
 
 
 @handles("client|info")
-def client_info(ctx: Any, argv: list[bytes]) -> Any:
+def client_info(ctx: Context, argv: list[bytes]) -> Any:
     return Verbatim(ctx.client.describe() + "\n")
 
 
 @handles("client|kill")
-def client_kill(ctx: Any, argv: list[bytes]) -> Any:
+def client_kill(ctx: Context, argv: list[bytes]) -> Any:
     me = ctx.client
     if len(argv) == 3:
         # Old form: CLIENT KILL addr:port -> OK or an error.
@@ -327,7 +329,7 @@ def client_kill(ctx: Any, argv: list[bytes]) -> Any:
     return killed
 
 
-def _kill(ctx: Any, client: Any) -> None:
+def _kill(ctx: Context, client: Client) -> None:
     # Killing yourself closes after this reply, as Redis does.
     if client is ctx.client:
         client.close_after_reply = True
@@ -336,7 +338,7 @@ def _kill(ctx: Any, client: Any) -> None:
 
 
 @handles("client|no-evict", "client|no-touch")
-def client_flag_on_off(ctx: Any, argv: list[bytes]) -> Any:
+def client_flag_on_off(ctx: Context, argv: list[bytes]) -> Any:
     if argv[2].lower() in (b"on", b"off"):
         return OK
     return SYNTAX_ERROR

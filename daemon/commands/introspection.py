@@ -9,8 +9,10 @@ Reply shapes and error texts are those of redis-server 7.0.15 (``server.c``:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from pfxcache.daemon.commands import handles
+from pfxcache.daemon.commands.context import Context
 from pfxcache.daemon.commands.command_replies import (
     command_docs_map,
     command_getkeys_reply,
@@ -58,19 +60,19 @@ def help_reply(command: bytes, lines: Iterable[str]) -> list[SimpleString]:
 
 
 @handles("command")
-def command(ctx, argv):
+def command(ctx: Context, argv: list[bytes]) -> Any:
     """``COMMAND``: the INFO entry of every top-level command."""
     return [command_info_reply(spec) for spec in ctx.server.commands]
 
 
 @handles("command|count")
-def command_count(ctx, argv):
+def command_count(ctx: Context, argv: list[bytes]) -> Any:
     """``COMMAND COUNT``: the number of top-level commands."""
     return len(ctx.server.commands)
 
 
 @handles("command|info")
-def command_info(ctx, argv):
+def command_info(ctx: Context, argv: list[bytes]) -> Any:
     """``COMMAND INFO [name ...]``: one entry per name (null if unknown), or all commands."""
     table = ctx.server.commands
     if len(argv) == 2:
@@ -83,30 +85,30 @@ def command_info(ctx, argv):
 
 
 @handles("command|docs")
-def command_docs(ctx, argv):
+def command_docs(ctx: Context, argv: list[bytes]) -> Any:
     """``COMMAND DOCS [name ...]``: a map of name to documentation; unknown names are skipped."""
     return command_docs_map(ctx.server.commands, argv[2:])
 
 
 @handles("command|list")
-def command_list_(ctx, argv):
+def command_list_(ctx: Context, argv: list[bytes]) -> Any:
     """``COMMAND LIST [FILTERBY MODULE m|ACLCAT c|PATTERN p]``: names, subcommands included."""
     return command_list(ctx.server.commands, argv[2:])
 
 
 @handles("command|getkeys")
-def command_getkeys(ctx, argv):
+def command_getkeys(ctx: Context, argv: list[bytes]) -> Any:
     """``COMMAND GETKEYS <command> [arg ...]``: the key arguments of a full command."""
     return command_getkeys_reply(ctx.server.commands, argv, with_flags=False)
 
 
 @handles("command|getkeysandflags")
-def command_getkeysandflags(ctx, argv):
+def command_getkeysandflags(ctx: Context, argv: list[bytes]) -> Any:
     """``COMMAND GETKEYSANDFLAGS <command> [arg ...]``: each key with its key-spec flags."""
     return command_getkeys_reply(ctx.server.commands, argv, with_flags=True)
 
 
 @handles("command|help")
-def command_help(ctx, argv):
+def command_help(ctx: Context, argv: list[bytes]) -> Any:
     """``COMMAND HELP``."""
     return help_reply(argv[0], _COMMAND_HELP)

@@ -20,6 +20,7 @@ from pfxcache.protocol.redis_strings import stringmatchlen
 from pfxcache.protocol.replies import SimpleString, Error
 
 from . import handles
+from .context import Context
 from .connection_commands import NOT_AN_INTEGER, SYNTAX_ERROR, parse_integer
 
 #: What TYPE answers for a namespace: a module-style type name (9 characters).
@@ -37,7 +38,7 @@ RENAME_REFUSED = Error(
 )
 
 
-def _keyspace(ctx: Any) -> Any:
+def _keyspace(ctx: Context) -> Any:
     return ctx.server.prefix.store.keys
 
 
@@ -45,7 +46,7 @@ def _keyspace(ctx: Any) -> Any:
 
 
 @handles("keys")
-def keys(ctx: Any, argv: list[bytes]) -> Any:
+def keys(ctx: Context, argv: list[bytes]) -> Any:
     pattern = argv[1]
     names = _keyspace(ctx).names()
     if pattern == b"*":
@@ -54,7 +55,7 @@ def keys(ctx: Any, argv: list[bytes]) -> Any:
 
 
 @handles("scan")
-def scan(ctx: Any, argv: list[bytes]) -> Any:
+def scan(ctx: Context, argv: list[bytes]) -> Any:
     cursor = _parse_cursor(argv[1])
     if cursor is None:
         return INVALID_CURSOR
@@ -101,35 +102,35 @@ def _parse_cursor(raw: bytes) -> int | None:
 
 
 @handles("randomkey")
-def randomkey(ctx: Any, argv: list[bytes]) -> Any:
+def randomkey(ctx: Context, argv: list[bytes]) -> Any:
     return _keyspace(ctx).random_name()
 
 
 @handles("exists")
-def exists(ctx: Any, argv: list[bytes]) -> Any:
+def exists(ctx: Context, argv: list[bytes]) -> Any:
     store = _keyspace(ctx)
     return sum(1 for name in argv[1:] if store.exists(name))
 
 
 @handles("type")
-def type_(ctx: Any, argv: list[bytes]) -> Any:
+def type_(ctx: Context, argv: list[bytes]) -> Any:
     return SimpleString(TYPE_NAME if _keyspace(ctx).exists(argv[1]) else "none")
 
 
 @handles("touch")
-def touch(ctx: Any, argv: list[bytes]) -> Any:
+def touch(ctx: Context, argv: list[bytes]) -> Any:
     store = _keyspace(ctx)
     return sum(1 for name in argv[1:] if store.touch(name))
 
 
 @handles("del", "unlink")
-def delete(ctx: Any, argv: list[bytes]) -> Any:
+def delete(ctx: Context, argv: list[bytes]) -> Any:
     store = _keyspace(ctx)
     return sum(1 for name in argv[1:] if store.delete(name))
 
 
 @handles("rename", "renamenx")
-def rename(ctx: Any, argv: list[bytes]) -> Any:
+def rename(ctx: Context, argv: list[bytes]) -> Any:
     if not _keyspace(ctx).exists(argv[1]):
         return NO_SUCH_KEY
     return RENAME_REFUSED
@@ -157,32 +158,32 @@ OBJECT_HELP = [
 
 
 @handles("object|help")
-def object_help(ctx: Any, argv: list[bytes]) -> Any:
+def object_help(ctx: Context, argv: list[bytes]) -> Any:
     return [SimpleString(line) for line in OBJECT_HELP]
 
 
 @handles("object|encoding")
-def object_encoding(ctx: Any, argv: list[bytes]) -> Any:
+def object_encoding(ctx: Context, argv: list[bytes]) -> Any:
     return ENCODING if _keyspace(ctx).exists(argv[2]) else None
 
 
 @handles("object|refcount")
-def object_refcount(ctx: Any, argv: list[bytes]) -> Any:
+def object_refcount(ctx: Context, argv: list[bytes]) -> Any:
     return 1 if _keyspace(ctx).exists(argv[2]) else None
 
 
 @handles("object|freq")
-def object_freq(ctx: Any, argv: list[bytes]) -> Any:
+def object_freq(ctx: Context, argv: list[bytes]) -> Any:
     return _keyspace(ctx).frequency(argv[2])
 
 
 @handles("object|idletime")
-def object_idletime(ctx: Any, argv: list[bytes]) -> Any:
+def object_idletime(ctx: Context, argv: list[bytes]) -> Any:
     return _keyspace(ctx).idle_seconds(argv[2])
 
 
 @handles("memory|usage")
-def memory_usage(ctx: Any, argv: list[bytes]) -> Any:
+def memory_usage(ctx: Context, argv: list[bytes]) -> Any:
     if len(argv) not in (3, 5):
         return SYNTAX_ERROR
     if len(argv) == 5:
@@ -198,7 +199,7 @@ def memory_usage(ctx: Any, argv: list[bytes]) -> Any:
 _CONDITIONS = (b"nx", b"xx", b"gt", b"lt")
 
 
-def _expire(ctx: Any, argv: list[bytes], *, unit_ms: int, absolute: bool) -> Any:
+def _expire(ctx: Context, argv: list[bytes], *, unit_ms: int, absolute: bool) -> Any:
     flags = set()
     for raw in argv[3:]:
         word = raw.lower()
@@ -238,26 +239,26 @@ def _expire(ctx: Any, argv: list[bytes], *, unit_ms: int, absolute: bool) -> Any
 
 
 @handles("expire")
-def expire(ctx: Any, argv: list[bytes]) -> Any:
+def expire(ctx: Context, argv: list[bytes]) -> Any:
     return _expire(ctx, argv, unit_ms=1000, absolute=False)
 
 
 @handles("pexpire")
-def pexpire(ctx: Any, argv: list[bytes]) -> Any:
+def pexpire(ctx: Context, argv: list[bytes]) -> Any:
     return _expire(ctx, argv, unit_ms=1, absolute=False)
 
 
 @handles("expireat")
-def expireat(ctx: Any, argv: list[bytes]) -> Any:
+def expireat(ctx: Context, argv: list[bytes]) -> Any:
     return _expire(ctx, argv, unit_ms=1000, absolute=True)
 
 
 @handles("pexpireat")
-def pexpireat(ctx: Any, argv: list[bytes]) -> Any:
+def pexpireat(ctx: Context, argv: list[bytes]) -> Any:
     return _expire(ctx, argv, unit_ms=1, absolute=True)
 
 
-def _ttl(ctx: Any, name: bytes, *, unit_ms: int, absolute: bool) -> int:
+def _ttl(ctx: Context, name: bytes, *, unit_ms: int, absolute: bool) -> int:
     store = _keyspace(ctx)
     if not store.exists(name):
         return -2
@@ -271,27 +272,27 @@ def _ttl(ctx: Any, name: bytes, *, unit_ms: int, absolute: bool) -> int:
 
 
 @handles("ttl")
-def ttl(ctx: Any, argv: list[bytes]) -> Any:
+def ttl(ctx: Context, argv: list[bytes]) -> Any:
     return _ttl(ctx, argv[1], unit_ms=1000, absolute=False)
 
 
 @handles("pttl")
-def pttl(ctx: Any, argv: list[bytes]) -> Any:
+def pttl(ctx: Context, argv: list[bytes]) -> Any:
     return _ttl(ctx, argv[1], unit_ms=1, absolute=False)
 
 
 @handles("expiretime")
-def expiretime(ctx: Any, argv: list[bytes]) -> Any:
+def expiretime(ctx: Context, argv: list[bytes]) -> Any:
     return _ttl(ctx, argv[1], unit_ms=1000, absolute=True)
 
 
 @handles("pexpiretime")
-def pexpiretime(ctx: Any, argv: list[bytes]) -> Any:
+def pexpiretime(ctx: Context, argv: list[bytes]) -> Any:
     return _ttl(ctx, argv[1], unit_ms=1, absolute=True)
 
 
 @handles("persist")
-def persist(ctx: Any, argv: list[bytes]) -> Any:
+def persist(ctx: Context, argv: list[bytes]) -> Any:
     store = _keyspace(ctx)
     if not store.exists(argv[1]) or store.expiry(argv[1]) is None:
         return 0

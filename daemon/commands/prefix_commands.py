@@ -17,8 +17,10 @@ import numpy as np
 
 from pfxcache.protocol.replies import OK, Error
 
+from ..prefix import PrefixService
 from ..store.errors import StoreError
 from . import handles
+from .context import Context
 
 UINT32_MAX = 2**32 - 1
 TTL_MAX_MS = 7 * 24 * 3600 * 1000  # a week: longer than any prefill, short of forever
@@ -103,7 +105,7 @@ def _store_error(error: StoreError) -> Error:
     return Error(error.line)
 
 
-def _service(ctx: Any) -> Any:
+def _service(ctx: Context) -> PrefixService:
     return ctx.server.prefix
 
 
@@ -113,7 +115,7 @@ def _namespace(raw: bytes) -> bytes:
     return raw
 
 
-def _prompt(ctx: Any, argv: list[bytes]) -> tuple[bytes, bytes, int]:
+def _prompt(ctx: Context, argv: list[bytes]) -> tuple[bytes, bytes, int]:
     """``key (TOKENS ...|PACKED blob)`` at argv[1:]: namespace, packed tokens, position after them."""
     namespace = _namespace(argv[1])
     tokens, position = parse_tokens(argv, 2, ctx.server.config["prompt-max-tokens"])
@@ -121,7 +123,7 @@ def _prompt(ctx: Any, argv: list[bytes]) -> tuple[bytes, bytes, int]:
 
 
 @handles("pfxget")
-async def pfxget(ctx: Any, argv: list[bytes]) -> Any:
+async def pfxget(ctx: Context, argv: list[bytes]) -> Any:
     service = _service(ctx)
     store = service.store
     try:
@@ -164,7 +166,7 @@ async def pfxget(ctx: Any, argv: list[bytes]) -> Any:
 
 
 @handles("pfxset")
-async def pfxset(ctx: Any, argv: list[bytes]) -> Any:
+async def pfxset(ctx: Context, argv: list[bytes]) -> Any:
     service = _service(ctx)
     store = service.store
     try:
@@ -219,7 +221,7 @@ async def pfxset(ctx: Any, argv: list[bytes]) -> Any:
 
 
 @handles("pfxalloc")
-def pfxalloc(ctx: Any, argv: list[bytes]) -> Any:
+def pfxalloc(ctx: Context, argv: list[bytes]) -> Any:
     store = _service(ctx).store
     try:
         namespace = _namespace(argv[1])
@@ -238,7 +240,7 @@ def pfxalloc(ctx: Any, argv: list[bytes]) -> Any:
 
 
 @handles("pfxrelease")
-def pfxrelease(ctx: Any, argv: list[bytes]) -> Any:
+def pfxrelease(ctx: Context, argv: list[bytes]) -> Any:
     try:
         leases = [_integer(raw, "lease id", 1, 2**63 - 1) for raw in argv[1:]]
     except ArgumentError as exc:
@@ -247,7 +249,7 @@ def pfxrelease(ctx: Any, argv: list[bytes]) -> Any:
 
 
 @handles("pfxevict")
-def pfxevict(ctx: Any, argv: list[bytes]) -> Any:
+def pfxevict(ctx: Context, argv: list[bytes]) -> Any:
     store = _service(ctx).store
     try:
         namespace = _namespace(argv[1])
@@ -272,7 +274,7 @@ def pfxevict(ctx: Any, argv: list[bytes]) -> Any:
 
 
 @handles("pfxinfo")
-def pfxinfo(ctx: Any, argv: list[bytes]) -> Any:
+def pfxinfo(ctx: Context, argv: list[bytes]) -> Any:
     if len(argv) > 2:
         return Error("ERR wrong number of arguments for 'pfxinfo' command")
     service = _service(ctx)
@@ -280,7 +282,7 @@ def pfxinfo(ctx: Any, argv: list[bytes]) -> Any:
 
 
 @handles("pfxcheck")
-def pfxcheck(ctx: Any, argv: list[bytes]) -> Any:
+def pfxcheck(ctx: Context, argv: list[bytes]) -> Any:
     """Verify every invariant of the store (like Redis's DEBUG family): +OK or -ERR listing the violations."""
     problems = _service(ctx).store.check()
     if not problems:

@@ -9,38 +9,38 @@ from pfxcache.protocol.replies import OK, Error, SimpleString, Verbatim
 
 from .. import info as info_sections
 from ..config import ConfigError
-from ..dispatch import NO_REPLY
 from . import handles
 from .connection_commands import SYNTAX_ERROR
+from .context import NO_REPLY, Context
 
 
 @handles("info")
-def info(ctx: Any, argv: list[bytes]) -> Any:
+def info(ctx: Context, argv: list[bytes]) -> Any:
     sections = [arg.decode("utf-8", "replace") for arg in argv[1:]]
     return Verbatim(info_sections.render(ctx.server, sections))
 
 
 @handles("dbsize")
-def dbsize(ctx: Any, argv: list[bytes]) -> Any:
-    return ctx.server.dbsize()
+def dbsize(ctx: Context, argv: list[bytes]) -> Any:
+    return ctx.server.prefix.namespace_count()
 
 
 @handles("time")
-def time_(ctx: Any, argv: list[bytes]) -> Any:
+def time_(ctx: Context, argv: list[bytes]) -> Any:
     now = time.time_ns() // 1000
     return [str(now // 1_000_000), str(now % 1_000_000)]
 
 
 @handles("flushall", "flushdb")
-def flush(ctx: Any, argv: list[bytes]) -> Any:
+def flush(ctx: Context, argv: list[bytes]) -> Any:
     if len(argv) > 2 or (len(argv) == 2 and argv[1].lower() not in (b"async", b"sync")):
         return SYNTAX_ERROR
-    ctx.server.flush()
+    ctx.server.prefix.flush()
     return OK
 
 
 @handles("shutdown")
-def shutdown(ctx: Any, argv: list[bytes]) -> Any:
+def shutdown(ctx: Context, argv: list[bytes]) -> Any:
     flags = set()
     for raw in argv[1:]:
         word = raw.lower()
@@ -76,17 +76,17 @@ CONFIG_HELP = [
 
 
 @handles("config|help")
-def config_help(ctx: Any, argv: list[bytes]) -> Any:
+def config_help(ctx: Context, argv: list[bytes]) -> Any:
     return [SimpleString(line) for line in CONFIG_HELP]
 
 
 @handles("config|get")
-def config_get(ctx: Any, argv: list[bytes]) -> Any:
+def config_get(ctx: Context, argv: list[bytes]) -> Any:
     return ctx.server.config.get(argv[2:])
 
 
 @handles("config|set")
-def config_set(ctx: Any, argv: list[bytes]) -> Any:
+def config_set(ctx: Context, argv: list[bytes]) -> Any:
     if len(argv) % 2:
         return SYNTAX_ERROR
     pairs = [(argv[i], argv[i + 1]) for i in range(2, len(argv), 2)]
@@ -98,13 +98,13 @@ def config_set(ctx: Any, argv: list[bytes]) -> Any:
 
 
 @handles("config|resetstat")
-def config_resetstat(ctx: Any, argv: list[bytes]) -> Any:
+def config_resetstat(ctx: Context, argv: list[bytes]) -> Any:
     ctx.server.stats.reset()
     return OK
 
 
 @handles("config|rewrite")
-def config_rewrite(ctx: Any, argv: list[bytes]) -> Any:
+def config_rewrite(ctx: Context, argv: list[bytes]) -> Any:
     try:
         ctx.server.config.rewrite()
     except ConfigError as exc:

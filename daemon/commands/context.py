@@ -1,0 +1,74 @@
+"""What a command handler sees: the :class:`Context` of one connection.
+
+A handler receives ``(ctx, argv)``. ``ctx.client`` is the connected
+:class:`~pfxcache.daemon.clients.Client`; ``ctx.server`` is the server as
+handlers may use it, described by :class:`ServerState` -- the parts of the
+daemon that own each figure (config, stats, clients, ACL users, the prefix
+service, process memory) and the few server actions a command triggers. The
+server (:mod:`pfxcache.daemon.server`) satisfies :class:`ServerState`
+structurally; nothing here imports it, so handlers and INFO sit below the
+server with no import cycle.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # types only: nothing here is needed at import time
+    from ..acl import AclUsers
+    from ..clients import Client, ClientRegistry
+    from ..config import Config
+    from ..prefix import PrefixService
+    from ..process import ProcessMemory
+    from ..stats import Stats
+    from .table import CommandTable
+
+__all__ = ["NO_REPLY", "Context", "NoReply", "ServerState"]
+
+
+class NoReply:
+    """Returned by a handler whose connection closes without a reply (SHUTDOWN)."""
+
+    __slots__ = ()
+
+
+NO_REPLY = NoReply()
+
+
+class ServerState(Protocol):
+    """The server as handlers and INFO see it; each figure is read from its owner."""
+
+    config: Config
+    commands: CommandTable
+    stats: Stats
+    clients: ClientRegistry
+    acl: AclUsers
+    #: The prefix store service; set before the first client connects.
+    prefix: PrefixService
+    memory: ProcessMemory
+    run_id: str
+    version: str
+    redis_version: str
+    tcp_port: int
+    started_at: float
+
+    @property
+    def auth_required(self) -> bool: ...
+
+    @property
+    def uptime(self) -> float: ...
+
+    def request_shutdown(self, reason: str = "SHUTDOWN") -> None: ...
+
+
+class Context:
+    """What a handler sees: the server and the client that sent the command.
+
+    One per connection, reused for every command it sends.
+    """
+
+    __slots__ = ("server", "client")
+
+    def __init__(self, server: ServerState, client: Client) -> None:
+        self.server = server
+        self.client = client
