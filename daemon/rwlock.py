@@ -12,6 +12,13 @@ never holds the lock; if its leaving unblocks the tasks behind it (a cancelled
 writer with readers queued after it), they are granted at once. A task that
 was already granted the lock when the cancellation arrives keeps it and must
 release it, exactly as with ``trio.Lock``; the context managers do that.
+
+The hot path: ``async with lock.read()`` takes an uncontended lock (no writer
+holding it, nobody queued) without a scheduler checkpoint, as
+:meth:`try_acquire_read` does: on the daemon a read hold is taken once per
+lookup, and the connection's wait for its socket is its checkpoint already.
+The condition is the one that lets a reader in at all, so fairness is the
+same: once a writer queues, every later reader queues behind it.
 """
 
 from __future__ import annotations
@@ -60,6 +67,17 @@ class RWLock:
             await cancel_shielded_checkpoint()
             return
         await self._wait(_READ)
+
+    def try_acquire_read(self) -> bool:
+        """Take a shared hold now if no wait is needed (no writer holds or waits); False otherwise.
+
+        No checkpoint either way. False leaves the lock untouched: the caller
+        may then queue with :meth:`acquire_read`.
+        """
+        if self._writer or self._queue:
+            return False
+        self._readers += 1
+        return True
 
     async def acquire_write(self) -> None:
         """Wait for an exclusive hold of the lock."""
@@ -140,7 +158,8 @@ class _Hold:
 
     async def __aenter__(self) -> None:
         if self._kind == _READ:
-            await self._lock.acquire_read()
+            if not self._lock.try_acquire_read():  # uncontended: no checkpoint (see the module docstring)
+                await self._lock.acquire_read()
         else:
             await self._lock.acquire_write()
 

@@ -17,6 +17,8 @@ Python value         RESP3                     RESP2
 ``NULL_ARRAY``       ``_`` null                ``*-1`` (null array)
 ``list``/``tuple``   ``*n`` array              same
 ``array.array``      ``*n`` of integers         same
+``IntArray``         ``*n`` of pre-encoded      same
+                     integers
 ``dict``             ``%n`` map                flat ``*2n`` array
 ``set``/``Set``      ``~n`` set                ``*n`` array
 ``Verbatim``         ``=len`` ``txt:...``      bulk string
@@ -42,6 +44,8 @@ __all__ = [
     "Verbatim",
     "Push",
     "Set",
+    "IntArray",
+    "encode_int_elements",
     "NULL_ARRAY",
     "OK",
     "PONG",
@@ -96,6 +100,30 @@ class Set:
     """A RESP3 set with a fixed order (Python sets have none)."""
 
     items: list
+
+
+class IntArray:
+    """An array of ``count`` integers whose elements are already encoded (:func:`encode_int_elements`).
+
+    Integers encode the same in RESP2 and RESP3, so a long list of ids that
+    recurs across replies (the block ids of a cached path) can be encoded in
+    pieces once, kept, and joined per reply.
+    """
+
+    __slots__ = ("count", "body")
+
+    def __init__(self, count: int, body: bytes) -> None:
+        self.count = count
+        self.body = body
+
+    def __repr__(self) -> str:
+        return f"IntArray({self.count} items)"
+
+
+def encode_int_elements(values: Iterable[int]) -> bytes:
+    """The RESP elements ``:v\r\n`` of the integers ``values``, back to back (one C-level join)."""
+    text = "\r\n:".join(map(str, values))
+    return b":%s\r\n" % text.encode() if text else b""
 
 
 class _NullArray:
@@ -194,6 +222,30 @@ def _encode_bulk(buf: ReplyBuffer, value: Any, resp: int) -> None:
     _write_bulk(buf, value)
 
 
+#: Encoded short strings (map keys such as "matched", "blocks": the same few in every reply).
+_SHORT_STRINGS: dict[str, bytes] = {}
+
+
+def _encode_str(buf: ReplyBuffer, value: str, resp: int) -> None:
+    encoded = _SHORT_STRINGS.get(value)
+    if encoded is None:
+        data = value.encode("utf-8", "surrogateescape")
+        if len(data) >= SCATTER_THRESHOLD:
+            _write_bulk(buf, data)
+            return
+        encoded = b"$%d\r\n%s\r\n" % (len(data), data)
+        if len(value) <= 32 and len(_SHORT_STRINGS) < 4096:
+            _SHORT_STRINGS[value] = encoded
+    buf.write(encoded)
+
+
+def _encode_bytes(buf: ReplyBuffer, value: bytes, resp: int) -> None:
+    if len(value) >= SCATTER_THRESHOLD:
+        _write_bulk(buf, value)
+    else:
+        buf.write(b"$%d\r\n%s\r\n" % (len(value), value))
+
+
 def _encode_bool(buf: ReplyBuffer, value: bool, resp: int) -> None:
     if resp == 3:
         buf.write(b"#t\r\n" if value else b"#f\r\n")
@@ -228,6 +280,11 @@ def _encode_int_array(buf: ReplyBuffer, value: array, resp: int) -> None:
         buf.write(b"*0\r\n")
         return
     buf.write(b"*%d\r\n:%s\r\n" % (len(value), "\r\n:".join(map(str, value)).encode()))
+
+
+def _encode_encoded_ints(buf: ReplyBuffer, value: IntArray, resp: int) -> None:
+    buf.write(b"*%d\r\n" % value.count)
+    buf.write(value.body)
 
 
 def _encode_map(buf: ReplyBuffer, value: dict, resp: int) -> None:
@@ -279,10 +336,10 @@ def _encode_push(buf: ReplyBuffer, value: Push, resp: int) -> None:
 _ENCODERS: dict[type, Any] = {
     SimpleString: _encode_simple,
     Error: _encode_error,
-    bytes: _encode_bulk,
+    bytes: _encode_bytes,
     bytearray: _encode_bulk,
     memoryview: _encode_bulk,
-    str: _encode_bulk,
+    str: _encode_str,
     bool: _encode_bool,
     int: _encode_int,
     type(None): _encode_none,
@@ -290,6 +347,7 @@ _ENCODERS: dict[type, Any] = {
     list: _encode_array,
     tuple: _encode_array,
     array: _encode_int_array,
+    IntArray: _encode_encoded_ints,
     dict: _encode_map,
     float: _encode_double,
     set: _encode_set,

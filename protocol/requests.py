@@ -37,6 +37,14 @@ errors, RESP3 types, limits, big requests) goes through the exact hand-written
 parser, which alone defines the behaviour.  ``use_hiredis=False`` disables
 the fast path (tests compare both).
 
+Which parser a request gets is picked at its start, from its first bulk
+headers (see ``_exact_is_cheaper``): one announcing a payload of 1,000 bytes
+or more (a PACKED prompt, a page of DATA) sends the request to the exact
+parser, which copies such a payload once and never scans it, where hiredis
+would copy it twice and the guard below scan it; small requests go to hiredis. The exact parser reads a
+request that is all buffered in one tight pass, and bytes received while
+nothing is buffered are parsed where they are, not copied into the buffer.
+
 hiredis-py allocates a Python list of the announced size as soon as it reads
 an aggregate header (``*``, ``~``, ``>``, ``|``, ``%``), and freeing a list
 announced as ``*4000000000`` takes seconds of CPU.  Redis itself would wait
@@ -51,6 +59,8 @@ try:  # hiredis is a hard dependency of pfxcache, but the exact parser does not 
     import hiredis
 except ImportError:  # pragma: no cover
     hiredis = None
+
+import re
 
 from pfxcache.protocol.redis_strings import splitargs, string2ll
 
@@ -95,6 +105,23 @@ _GUARD = bytes(
     for c in range(256)
 )
 _GUARD_PATTERN = b"TDDDDDD"
+#: The parser choice: a bulk header of 4+ digits (a payload of 1,000 bytes or
+#: more) among the first bytes of a request sends it to the exact parser.
+#: Only a choice of speed: both parsers give the same result for any bytes.
+_BIG_BULK_HEADER = re.compile(rb"\$[1-9][0-9]{3}")
+_BIG_BULK_WINDOW = 64
+
+
+def _exact_is_cheaper(buf, pos: int) -> bool:
+    """The parser choice at the start of a request (a matter of speed only).
+
+    hiredis pays off for small requests, above all pipelined ones: fed once,
+    it returns them for a fraction of a microsecond each. A request with a big
+    bulk costs it two copies of the payload and a guard scan of it, where the
+    exact parser makes one copy and scans nothing: the exact parser takes a
+    request whose first headers announce a payload of 1,000 bytes or more.
+    """
+    return len(buf) - pos > 1000 and _BIG_BULK_HEADER.search(buf, pos, pos + _BIG_BULK_WINDOW) is not None
 #: A buffer this big is freed as soon as it is all consumed.
 _RELEASE_NOW = 1024 * 1024
 #: Upper bound of :meth:`RequestParser.wanted` while a big bulk is arriving.
@@ -240,7 +267,18 @@ class RequestParser:
                 ProtocolError("Closing client that reached max query buffer length", None)
             )
             return
-        if pos:
+        if pos >= len(buf):
+            # Everything buffered was consumed (the usual case between requests):
+            # parse the received bytes where they are instead of copying them.
+            self._buf = data if data.__class__ is bytes else bytearray(data)
+            self._pos = 0
+            self._rend -= pos
+            return
+        if buf.__class__ is not bytearray:  # received bytes, partly consumed: keep the rest, now growable
+            buf = self._buf = bytearray(memoryview(buf)[pos:])
+            self._pos = 0
+            self._rend -= pos
+        elif pos:
             del buf[:pos]
             self._pos = 0
             self._rend -= pos
@@ -286,7 +324,7 @@ class RequestParser:
                 return self._exact()
             pos = self._pos
             buf = self._buf
-            if pos >= len(buf) or buf[pos] != _STAR:
+            if pos >= len(buf) or buf[pos] != _STAR or _exact_is_cheaper(buf, pos):
                 return self._exact()
             self._reader = hiredis.Reader()
             self._rend = pos
@@ -315,6 +353,8 @@ class RequestParser:
             if rend - pos >= _FAST_LIMIT:
                 self._fast_ok = False  # a big request: the exact parser is cheaper
                 return None
+            if rend == pos and _exact_is_cheaper(buf, pos):
+                return None  # at a request boundary: the exact parser takes the next one
             if rend < end:
                 stop = min(end, rend + _FAST_CHUNK)
                 # Never let hiredis see a big aggregate header (its list would
@@ -432,6 +472,10 @@ class RequestParser:
             if not self._mbulk:
                 if pos >= end:
                     return NEED_DATA
+                if buf[pos] == _STAR and not self._scanned and self.inline_max >= 24:
+                    args = self._whole(buf, pos, end)
+                    if args is not None:
+                        return args
                 if buf[pos] != _STAR:
                     cmd = self._inline(pos)
                     if cmd:  # NEED_DATA and [] (blank line) are both falsy
@@ -504,11 +548,68 @@ class RequestParser:
             if pos == end and end >= _RELEASE_NOW:
                 # A big request used the whole buffer: free it now rather than
                 # at the next feed(), while the command holds a copy.
-                buf.clear()
+                self._buf = bytearray()
                 self._pos = 0
             self._args = []
             self._argbytes = 0
             return args
+
+    def _whole(self, buf, pos: int, end: int):
+        """A request at ``pos`` that is all buffered and plainly valid, parsed in one pass; else None.
+
+        None (nothing consumed) leaves every other case to the incremental code
+        below: a partial request, a count or length that is not canonical
+        digits, a non-positive count, a limit reached, a NUL or a line of 24
+        bytes or more (so the caller requires ``inline_max >= 24``).
+        Every check here is one the incremental code makes too, so both give
+        the same result; this pass only makes fewer calls per argument.
+        """
+        r = buf.find(b"\r", pos, pos + 12)
+        if r < 0 or r + 1 >= end:
+            return None
+        raw = buf[pos + 1 : r]
+        if not raw.isdigit() or raw[0] == 48:  # canonical positive count (isdigit: ASCII only)
+            return None
+        count = int(raw)
+        if self.authenticated:
+            if count > INT_MAX:
+                return None
+            limit = self.proto_max_bulk_len
+        else:
+            if count > _UNAUTH_MAX_MULTIBULK:
+                return None
+            limit = min(self.proto_max_bulk_len, _UNAUTH_MAX_BULK)
+        p = r + 2
+        args = []
+        total = 0
+        while count:
+            if p >= end or buf[p] != 36:  # "$"
+                return None
+            r = buf.find(b"\r", p, p + 24)
+            if r < 0:
+                return None
+            raw = buf[p + 1 : r]
+            if not raw.isdigit() or (raw[0] == 48 and len(raw) > 1) or len(raw) > 18:
+                return None
+            n = int(raw)
+            start = r + 2
+            if n > limit or start + n + 2 > end:
+                return None
+            if n < 4096:
+                args.append(bytes(buf[start : start + n]))
+            else:  # one copy instead of two
+                with memoryview(buf) as view:
+                    args.append(view[start : start + n].tobytes())
+            total += n
+            p = start + n + 2
+            count -= 1
+        self._pos = p
+        self._scanned = 0
+        self._fast_ok = self.use_hiredis and total < _FAST_LIMIT
+        if p == end and end >= _RELEASE_NOW:
+            self._buf = bytearray()  # a big request used the whole buffer: free it now
+            self._pos = 0
+        return args
 
     def _inline(self, pos: int):
         """Parse one inline request: its arguments ([] for a blank line) or NEED_DATA."""

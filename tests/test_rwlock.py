@@ -152,3 +152,65 @@ def test_release_without_hold_is_an_error():
         lock.release_read()
     with pytest.raises(RuntimeError):
         lock.release_write()
+
+
+async def test_uncontended_read_hold_takes_no_checkpoint():
+    lock = RWLock()
+    with trio.testing.assert_no_checkpoints():
+        async with lock.read():
+            assert lock.statistics()["readers"] == 1
+        async with lock.read():
+            async with lock.read():  # readers share: still no wait
+                assert lock.statistics()["readers"] == 2
+    assert lock.statistics() == {"readers": 0, "writer": 0, "waiting_readers": 0, "waiting_writers": 0}
+
+
+async def test_try_acquire_read_never_jumps_a_queued_writer():
+    lock = RWLock()
+    assert lock.try_acquire_read()
+    order = []
+
+    async def writer():
+        async with lock.write():
+            order.append("w")
+
+    async def reader():
+        async with lock.read():  # the fast path must refuse: a writer waits
+            order.append("r")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(writer)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not lock.try_acquire_read()  # a writer is queued: no barging
+        nursery.start_soon(reader)
+        await trio.testing.wait_all_tasks_blocked()
+        assert lock.statistics() == {"readers": 1, "writer": 0, "waiting_readers": 1, "waiting_writers": 1}
+        lock.release_read()
+    assert order == ["w", "r"]
+    await lock.acquire_write()
+    assert not lock.try_acquire_read()  # a writer holds it
+    lock.release_write()
+
+
+async def test_stream_of_fast_path_readers_cannot_starve_a_writer():
+    # Readers that only ever use the no-checkpoint fast path (back to back, no await between
+    # their holds) still let a queued writer in: once it waits, every new read hold queues.
+    lock = RWLock()
+    granted = []
+
+    async def writer():
+        async with lock.write():
+            granted.append("w")
+
+    async def readers(name):
+        for i in range(100):
+            async with lock.read():
+                granted.append(name)
+                await trio.sleep(0)  # hold across a checkpoint: the two streams' holds overlap
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(readers, "a")
+        nursery.start_soon(readers, "b")
+        await trio.sleep(0)
+        nursery.start_soon(writer)
+    assert granted.index("w") < 10  # a barging fast path would keep the read count above 0 for all 200

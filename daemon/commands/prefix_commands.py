@@ -10,13 +10,13 @@ Replies are maps: RESP3 maps, flat name/value arrays under RESP2.
 
 from __future__ import annotations
 
-from array import array
 from typing import Any
 
 import numpy as np
 
 from pfxcache.protocol.replies import OK, Error
 
+from ..block_ids import block_ids_reply
 from ..prefix import PrefixService
 from ..store.errors import StoreError
 from . import handles
@@ -96,9 +96,9 @@ def _ttl(argv: list[bytes], position: int) -> int:
     return _integer(argv[position + 1], "TTL", 1, TTL_MAX_MS)
 
 
-def _ids(blocks: list[int]) -> array:
-    """Block ids as an integer array: the encoder writes those in one join."""
-    return array("q", blocks)
+def _ids(blocks: list[int]) -> Any:
+    """Block ids as a reply value: encoded once per tree node (see block_ids), or one integer array."""
+    return block_ids_reply(blocks)
 
 
 def _store_error(error: StoreError) -> Error:

@@ -33,11 +33,27 @@ class Totals:
         self.ticks = 0
 
 
+class BlockPath(list):
+    """The block ids of a path from the root, in page order: a plain list to its users.
+
+    ``nodes`` are the path's nodes, root side first, whose blocks it concatenates:
+    per-node work on the ids (the daemon's reply encoding) is then done once per
+    node and reused, instead of once per page and request.
+    """
+
+    __slots__ = ("nodes",)
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.nodes: list = []
+
+
 class Node:
     """An edge of the tree and the node below it (the root has an empty key)."""
 
     __slots__ = (
         "blocks",
+        "blocks_encoded",
         "children",
         "evictable",
         "freq",
@@ -57,6 +73,9 @@ class Node:
         self.parent = parent
         self.key = key  # whole pages of packed tokens
         self.blocks = blocks  # one arena block per page of key
+        # The block ids as replies carry them, cached by the daemon (opaque bytes to the store),
+        # so a hot path is encoded once, not per request; None whenever ``blocks`` changes.
+        self.blocks_encoded: bytes | None = None
         self.children: dict[bytes, Node] = {}  # first page of the child's key -> child
         self.lock_ref = 0  # leases/plans pinning this node or a descendant
         self.last_access = now
@@ -149,6 +168,7 @@ class RadixTree:
         parent.children[top.key[:P]] = top
         child.key = child.key[cut:]
         child.blocks = child.blocks[m:]
+        child.blocks_encoded = None
         child.parent = top
         top.children[child.key[:P]] = child
         self.nodes += 1
@@ -164,15 +184,17 @@ class RadixTree:
         return node, pages
 
     @staticmethod
-    def path_blocks(node: Node) -> list[int]:
-        """Block ids of every page from the root down to the end of ``node``."""
-        parts = []
+    def path_blocks(node: Node) -> BlockPath:
+        """Block ids of every page from the root down to the end of ``node`` (with the path's nodes)."""
+        nodes = []
         while node.parent is not None:
-            parts.append(node.blocks)
+            nodes.append(node)
             node = node.parent
-        out = []
-        for blocks in reversed(parts):
-            out.extend(blocks)
+        nodes.reverse()
+        out = BlockPath()
+        for part in nodes:
+            out.extend(part.blocks)
+        out.nodes = nodes
         return out
 
     @staticmethod
@@ -253,6 +275,7 @@ class RadixTree:
             self.index.evicted(node, whole=False)
             freed = node.blocks[n - k :]
             del node.blocks[n - k :]
+            node.blocks_encoded = None
             node.key = node.key[: (n - k) * self.page_bytes]
             self._count(-k, -k)
             return freed  # same priority, still a leaf: its index entries stay valid
@@ -263,6 +286,7 @@ class RadixTree:
         del parent.children[node.key[: self.page_bytes]]
         node.parent = None
         node.blocks = []
+        node.blocks_encoded = None
         self.nodes -= 1
         self._count(-n, -n)
         if parent.parent is not None and not parent.children and parent.lock_ref == 0:
