@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pfxcache.daemon.store import MemoryArena, OutOfMemory, PrefixStore
-from pfxcache.daemon.store.policies import BIMODAL_SHARE, POLICIES, GhostPolicy
+from pfxcache.daemon.store.policies import BIMODAL_SHARE, GhostPolicy
+from pfxcache.daemon.store.registry import POLICIES
 
 NS = b"t"
 PAGE = 4  # tokens per page in these tests

@@ -23,7 +23,7 @@ import uuid
 import hiredis
 
 from pfxcache.daemon.config import DIRECTIVES
-from pfxcache.daemon.store.policies import POLICIES
+from pfxcache.daemon.store.registry import POLICIES
 import numpy as np
 import pytest
 import redis

@@ -16,8 +16,8 @@ import numpy as np
 import redis
 import pytest
 from pfxcache.daemon.store import MemoryArena, OutOfMemory, PrefixStore
-from pfxcache.daemon.store.policies import POLICIES, ReusePolicy
-from pfxcache.daemon.store.reuse import BOOST_MAX, BOOST_SCALE, LEARN_EVERY, ReuseLearner
+from pfxcache.daemon.store.registry import POLICIES
+from pfxcache.daemon.store.reuse import BOOST_MAX, BOOST_SCALE, LEARN_EVERY, ReuseLearner, ReusePolicy
 
 from test_replay import B, replay
 

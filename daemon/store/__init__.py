@@ -3,7 +3,7 @@
 Modules: ``store`` (the PrefixStore facade), ``arguments`` (its argument checks), ``namespaces``
 (a namespace's trees and counters), ``inserts`` (an insert in flight), ``results`` (what operations
 return), ``invariants`` (``PrefixStore.check``), and the parts: ``allocator``, ``radix``, ``leases``,
-``policies``/``reuse``, ``arena``/``cuda_arena``.
+``policies``/``reuse``/``guard`` (eviction; ``registry`` names them), ``arena``/``cuda_arena``.
 
 Plain synchronous data structures (no trio, no protocol): the daemon owns the
 event loop and the locks, and maps RESP commands onto ``PrefixStore``.
@@ -18,8 +18,9 @@ from .allocator import FREE, LEASED, TREE, BlockAllocator
 from .arena import Arena, MemoryArena, ShmArena
 from .errors import BadRequest, NoPrefix, OutOfMemory, StoreError
 from .leases import ALLOC, READ, Lease, LeaseTable
-from .policies import POLICIES, EvictionIndex
+from .policies import EvictionIndex
 from .radix import Node, RadixTree
+from .registry import POLICIES
 from .inserts import InsertPlan
 from .results import AllocResult, EvictResult, InsertResult, MatchResult
 from .store import PrefixStore

@@ -1,10 +1,11 @@
-"""Eviction policies and the index of eviction candidates.
+"""The generic eviction policies (lru, lfu, hybrid, ghost) and the index of eviction candidates.
 
 Candidates are the unpinned leaves of every tree. The radix tree tells the
 index whenever a node enters or leaves that set (or, by leaving and entering
 again, when its priority changes), so picking the next victim never walks the
-tree: it costs O(log n) for lru, lfu, ghost and reuse, O(buckets + log n) for
-hybrid.
+tree: it costs O(log n) for lru, lfu and ghost, O(buckets + log n) for
+hybrid. The learned policies live next to what they learn from: ``reuse`` in
+reuse.py, ``guard`` in guard.py; registry.py names them all.
 
 Heaps use lazy deletion: every entry records the node's ``version`` when it was
 pushed; any change bumps the version, so stale entries are recognised and
@@ -13,18 +14,15 @@ skipped when they reach the top, and the heap is compacted when they dominate.
 A policy instance exists globally (for evictions on allocation and the
 watermark) and per scope (namespace), for EVICT commands on one namespace
 (``for_scope()`` when a policy shares state between the two).
-Policies are looked up in ``POLICIES``; nothing else branches on their names.
+Policies are looked up in ``registry.POLICIES``; nothing else branches on their names.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import zlib
 from collections import OrderedDict
-
-from .reuse import Access, ReuseLearner
 
 _COMPACT_SLACK = 64
 HYBRID_BUCKETS = 33  # freq.bit_length() of 0 .. 2**32-1, capped
@@ -227,162 +225,8 @@ class GhostPolicy(HeapPolicy):
         return node
 
 
-def _typical(gap: int | None, prev: int) -> int | None:
-    """The gap a class is made of: the latest, or the geometric mean of the last two when both are known."""
-    if gap is None or not prev:
-        return gap
-    return max(math.isqrt(gap * prev), 1)
-
-
-class ReusePolicy(HeapPolicy):
-    """LRU in logical time, plus a learned boost for prefixes that come back soon.
-
-    Key = tick of the last access + boost(class of that access), smallest
-    evicted first (a class that comes back less than average gets a
-    negative boost). This is the inter-reference-recency idea of LIRS (a
-    prefix whose last reuse came quickly tends to come back quickly), with
-    the protection learned per class by ReuseLearner instead of fixed: a
-    workload where past gaps predict nothing earns no boosts and gets LRU.
-
-    A prefix is seen coming back three ways: a leaf hit again; a new leaf
-    whose parent is private to it and was just hit (the next turn of a
-    conversation); a new leaf whose first page is in the ghost of recent
-    evictions (the conversation came back after it was evicted; the ghost
-    keeps the class, tick and gap of its last access). The gap that makes a
-    class is the geometric mean of the prefix's last two return gaps when it
-    has two (one gap alone predicts the next poorly). Ticks count lookups and
-    inserts, so a replay in process and one through the daemon agree. The
-    parent of a new turn keeps the larger of its old key and the new one, as
-    last-access times do. O(log n) per access and eviction, O(classes) every
-    LEARN_EVERY accesses.
-
-    Per-namespace instances (``scoped``) order by the keys the global
-    instance computed and learn nothing themselves.
-    """
-
-    name = "reuse"
-
-    def __init__(self, learner: ReuseLearner | None = None, scoped: bool = False) -> None:
-        super().__init__()
-        self.learner = learner if learner is not None else ReuseLearner()
-        self.scoped = scoped
-        # first page (in its namespace) -> class, tick, end and gap of the last access of the evicted node
-        self._ghost: OrderedDict[int, tuple[int | None, int, int, int]] = OrderedDict()
-        self._now = 0  # latest tick seen
-
-    def describe(self) -> dict:
-        """What the policy has learned, for INFO and PFXINFO."""
-        boost = self.learner.boost
-        return {
-            "reuse_median_gap_ticks": round(self.learner.median_gap),
-            "reuse_eviction_age_ticks": round(self.learner.eviction_age),
-            "reuse_boosted_classes": sum(1 for b in boost if b > 0),
-            "reuse_max_boost_ticks": round(max(boost)),
-            "reuse_penalized_classes": sum(1 for b in boost if b < 0),
-            "reuse_ghost_entries": len(self._ghost),
-        }
-
-    def for_scope(self) -> ReusePolicy:
-        """The instance for one namespace's index: same keys, no learning."""
-        return ReusePolicy(self.learner, scoped=True)
-
-    @staticmethod
-    def _ghost_key(node) -> int:
-        """The first page of ``node``'s edge, within its namespace (tenants never share a ghost entry)."""
-        tree = node.tree
-        return zlib.crc32(node.key[: tree.page_bytes], zlib.crc32(tree.scope))
-
-    def _classify(self, node, uncovered: bool) -> tuple[int, int, int, int]:
-        """(class, conversation end in pages, return gap, the gap before) of ``node``'s latest access.
-
-        Counts the periods it ends and starts. The class's gap is the geometric mean of the last
-        two return gaps when both are known (one gap is a noisy predictor of the next).
-        """
-        learner = self.learner
-        data = node.policy_data
-        if data is None:
-            end = node.tree.depth_pages(node)
-            if node.freq or node.children:  # an inner node whose history the policy never saw
-                return learner.classify(node.gap or None, None), end, node.gap, 0
-            gap = None
-            prev = 0
-            added = len(node.blocks)
-            parent = node.parent
-            if parent.parent is not None and len(parent.children) == 1 and parent.gap:
-                # the next turn of a conversation: its parent came back after parent.gap ticks
-                gap = parent.gap
-                pdata = parent.policy_data
-                if pdata is not None:
-                    prev = pdata.gap
-                    if pdata.freq != parent.freq:
-                        learner.returned(pdata.cls, gap)
-                    elif pdata.tick == parent.tick and pdata.end == end - added:
-                        # A lookup without a lease re-indexed the hit parent at once (it was a leaf,
-                        # the end of that access) and counted this return then, with a start of its
-                        # own that this leaf now replaces; its gap was this one.
-                        learner.unstart(pdata.cls)
-                        prev = pdata.prev
-                cls = learner.classify(_typical(gap, prev), added)
-                # The whole conversation now belongs to this class; like the path's pages, the
-                # parent keeps the later of its old key and the new one.
-                key = parent.tick + learner.boost[cls]
-                if pdata is not None and pdata.key > key:
-                    key = pdata.key
-                parent.policy_data = Access(cls, parent.freq, key, end, parent.tick, gap, prev)
-            else:
-                seen = self._ghost.pop(self._ghost_key(node), None)
-                if seen is not None:  # came back after being evicted
-                    seen_cls, seen_tick, seen_end, prev = seen
-                    gap = max(node.tick - seen_tick, 1)
-                    if seen_cls is not None:
-                        learner.returned(seen_cls, gap)
-                    added = max(end - seen_end, 0)
-                cls = learner.classify(_typical(gap, prev), added)
-            learner.start(cls)
-            return cls, end, gap or 0, prev
-        if data.freq != node.freq and not uncovered:
-            # hit since its class was set (not just uncovered by an eviction): a return that added nothing
-            gap = node.gap or 1
-            learner.returned(data.cls, gap)
-            cls = learner.classify(_typical(gap, data.gap), 0)
-            learner.start(cls)
-            return cls, data.end, gap, data.gap
-        return data.cls, data.end, data.gap, data.prev
-
-    def push(self, node, uncovered: bool = False) -> None:
-        if self.scoped:
-            data = node.policy_data
-            key = data.key if data is not None else node.tick
-        else:
-            tick = node.tick
-            if tick > self._now:
-                self._now = tick
-            old = node.policy_data
-            cls, end, gap, prev = self._classify(node, uncovered)
-            key = tick + self.learner.boost[cls]
-            if old is not None and old.key > key:  # keys only grow, as in LRU
-                key = old.key
-            node.policy_data = Access(cls, node.freq, key, end, tick, gap, prev)
-        heapq.heappush(self._heap, (key, next(self._seq), node.version, node))
-        self.live += 1
-
-    def evicted(self, node, whole: bool) -> None:
-        """Pages of ``node`` are evicted: note the eviction age; a ``whole`` node goes into the ghost."""
-        data = node.policy_data
-        if data is not None:
-            self.learner.evicted(self._now - data.key)
-        if not whole:
-            return
-        ghost = self._ghost
-        h = self._ghost_key(node)
-        ghost[h] = (data.cls, node.tick, data.end, data.gap) if data is not None else (None, node.tick, 0, 0)
-        ghost.move_to_end(h)
-        limit = max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX))
-        while len(ghost) > limit:
-            ghost.popitem(last=False)
-
-
-POLICIES = {cls.name: cls for cls in (LRUPolicy, LFUPolicy, HybridPolicy, GhostPolicy, ReusePolicy)}
+def _ignore(*args) -> None:
+    """What the index calls for policies that do not watch lookups and stores."""
 
 
 class EvictionIndex:
@@ -393,10 +237,19 @@ class EvictionIndex:
     the global and the scope structure at once.
     """
 
-    def __init__(self, policy: str) -> None:
-        self.factory = POLICIES[policy]
-        self.all = self.factory()
+    def __init__(self, factory, capacity: int = 0, page_bytes: int = 0) -> None:
+        self.capacity = capacity  # pages of the store (policies that simulate a cache need it)
+        self.page_bytes = page_bytes
+        self._start(factory)
+
+    def _start(self, factory) -> None:
+        self.factory = factory
+        sized = getattr(factory, "for_store", None)
+        self.all = sized(self.capacity, self.page_bytes) if sized is not None else factory()
         self.scopes: dict[bytes, object] = {}
+        # Policies that watch the request stream (guard) get every lookup and store; others pay nothing.
+        self.looked_up = getattr(self.all, "looked_up", _ignore)
+        self.stored = getattr(self.all, "stored", _ignore)
 
     @property
     def policy(self) -> str:
@@ -450,11 +303,9 @@ class EvictionIndex:
         index = self.scopes.get(scope)
         return index.peek(now) if index is not None else None
 
-    def rebuild(self, policy: str, nodes) -> None:
-        """Switch policy: index ``nodes`` (every current candidate) afresh, O(n log n) once."""
-        self.factory = POLICIES[policy]
-        self.all = self.factory()
-        self.scopes = {}
+    def rebuild(self, factory, nodes) -> None:
+        """Switch policy (a class of the registry): index ``nodes`` (every current candidate) afresh, O(n log n)."""
+        self._start(factory)
         for node in nodes:
             self.add(node)
 

@@ -1,18 +1,23 @@
-"""What the ``reuse`` eviction policy learns: how soon prefixes come back, per class of access.
+"""The ``reuse`` eviction policy and what it learns: how soon prefixes come back, per class of access.
 
-The policy (policies.ReusePolicy) reports every access of a prefix and every
-return (the prefix came back, as a hit or through its ghost after eviction);
-ReuseLearner turns those into one boost per class, in ticks, that the policy
-adds to the access time. Plain synchronous code (numpy for the per-class
-tables): testable on its own.
+ReusePolicy reports every access of a prefix and every return (the prefix
+came back, as a hit or through its ghost after eviction); ReuseLearner turns
+those into one boost per class, in ticks, that the policy adds to the access
+time. Plain synchronous code (numpy for the per-class tables): testable on
+its own.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
+import zlib
+from collections import OrderedDict
 
 import numpy as np
+
+from .policies import GHOST_MAX, GHOST_MIN, GHOST_PER_LEAF, HeapPolicy
 
 GAP_BUCKETS = 48  # half-octave buckets of a reuse gap in ticks: up to 2**24 ticks
 SIZE_BUCKETS = (4, 16, 64)  # pages an access added: < 4, < 16, < 64, more (and a bucket for "not known")
@@ -132,3 +137,158 @@ class Access:
         self.tick = tick  # node.tick then
         self.gap = gap  # the return gap that brought that access (0: none known)
         self.prev = prev  # the one before it
+
+
+def _typical(gap: int | None, prev: int) -> int | None:
+    """The gap a class is made of: the latest, or the geometric mean of the last two when both are known."""
+    if gap is None or not prev:
+        return gap
+    return max(math.isqrt(gap * prev), 1)
+
+
+class ReusePolicy(HeapPolicy):
+    """LRU in logical time, plus a learned boost for prefixes that come back soon.
+
+    Key = tick of the last access + boost(class of that access), smallest
+    evicted first (a class that comes back less than average gets a
+    negative boost). This is the inter-reference-recency idea of LIRS (a
+    prefix whose last reuse came quickly tends to come back quickly), with
+    the protection learned per class by ReuseLearner instead of fixed: a
+    workload where past gaps predict nothing earns no boosts and gets LRU.
+
+    A prefix is seen coming back three ways: a leaf hit again; a new leaf
+    whose parent is private to it and was just hit (the next turn of a
+    conversation); a new leaf whose first page is in the ghost of recent
+    evictions (the conversation came back after it was evicted; the ghost
+    keeps the class, tick and gap of its last access). The gap that makes a
+    class is the geometric mean of the prefix's last two return gaps when it
+    has two (one gap alone predicts the next poorly). Ticks count lookups and
+    inserts, so a replay in process and one through the daemon agree. The
+    parent of a new turn keeps the larger of its old key and the new one, as
+    last-access times do. O(log n) per access and eviction, O(classes) every
+    LEARN_EVERY accesses.
+
+    Per-namespace instances (``scoped``) order by the keys the global
+    instance computed and learn nothing themselves.
+    """
+
+    name = "reuse"
+
+    def __init__(self, learner: ReuseLearner | None = None, scoped: bool = False) -> None:
+        super().__init__()
+        self.learner = learner if learner is not None else ReuseLearner()
+        self.scoped = scoped
+        # first page (in its namespace) -> class, tick, end and gap of the last access of the evicted node
+        self._ghost: OrderedDict[int, tuple[int | None, int, int, int]] = OrderedDict()
+        self._now = 0  # latest tick seen
+
+    def describe(self) -> dict:
+        """What the policy has learned, for INFO and PFXINFO."""
+        boost = self.learner.boost
+        return {
+            "reuse_median_gap_ticks": round(self.learner.median_gap),
+            "reuse_eviction_age_ticks": round(self.learner.eviction_age),
+            "reuse_boosted_classes": sum(1 for b in boost if b > 0),
+            "reuse_max_boost_ticks": round(max(boost)),
+            "reuse_penalized_classes": sum(1 for b in boost if b < 0),
+            "reuse_ghost_entries": len(self._ghost),
+        }
+
+    def for_scope(self) -> ReusePolicy:
+        """The instance for one namespace's index: same keys, no learning."""
+        return ReusePolicy(self.learner, scoped=True)
+
+    @staticmethod
+    def _ghost_key(node) -> int:
+        """The first page of ``node``'s edge, within its namespace (tenants never share a ghost entry)."""
+        tree = node.tree
+        return zlib.crc32(node.key[: tree.page_bytes], zlib.crc32(tree.scope))
+
+    def _classify(self, node, uncovered: bool) -> tuple[int, int, int, int]:
+        """(class, conversation end in pages, return gap, the gap before) of ``node``'s latest access.
+
+        Counts the periods it ends and starts. The class's gap is the geometric mean of the last
+        two return gaps when both are known (one gap is a noisy predictor of the next).
+        """
+        learner = self.learner
+        data = node.policy_data
+        if data is None:
+            end = node.tree.depth_pages(node)
+            if node.freq or node.children:  # an inner node whose history the policy never saw
+                return learner.classify(node.gap or None, None), end, node.gap, 0
+            gap = None
+            prev = 0
+            added = len(node.blocks)
+            parent = node.parent
+            if parent.parent is not None and len(parent.children) == 1 and parent.gap:
+                # the next turn of a conversation: its parent came back after parent.gap ticks
+                gap = parent.gap
+                pdata = parent.policy_data
+                if pdata is not None:
+                    prev = pdata.gap
+                    if pdata.freq != parent.freq:
+                        learner.returned(pdata.cls, gap)
+                    elif pdata.tick == parent.tick and pdata.end == end - added:
+                        # A lookup without a lease re-indexed the hit parent at once (it was a leaf,
+                        # the end of that access) and counted this return then, with a start of its
+                        # own that this leaf now replaces; its gap was this one.
+                        learner.unstart(pdata.cls)
+                        prev = pdata.prev
+                cls = learner.classify(_typical(gap, prev), added)
+                # The whole conversation now belongs to this class; like the path's pages, the
+                # parent keeps the later of its old key and the new one.
+                key = parent.tick + learner.boost[cls]
+                if pdata is not None and pdata.key > key:
+                    key = pdata.key
+                parent.policy_data = Access(cls, parent.freq, key, end, parent.tick, gap, prev)
+            else:
+                seen = self._ghost.pop(self._ghost_key(node), None)
+                if seen is not None:  # came back after being evicted
+                    seen_cls, seen_tick, seen_end, prev = seen
+                    gap = max(node.tick - seen_tick, 1)
+                    if seen_cls is not None:
+                        learner.returned(seen_cls, gap)
+                    added = max(end - seen_end, 0)
+                cls = learner.classify(_typical(gap, prev), added)
+            learner.start(cls)
+            return cls, end, gap or 0, prev
+        if data.freq != node.freq and not uncovered:
+            # hit since its class was set (not just uncovered by an eviction): a return that added nothing
+            gap = node.gap or 1
+            learner.returned(data.cls, gap)
+            cls = learner.classify(_typical(gap, data.gap), 0)
+            learner.start(cls)
+            return cls, data.end, gap, data.gap
+        return data.cls, data.end, data.gap, data.prev
+
+    def push(self, node, uncovered: bool = False) -> None:
+        if self.scoped:
+            data = node.policy_data
+            key = data.key if data is not None else node.tick
+        else:
+            tick = node.tick
+            if tick > self._now:
+                self._now = tick
+            old = node.policy_data
+            cls, end, gap, prev = self._classify(node, uncovered)
+            key = tick + self.learner.boost[cls]
+            if old is not None and old.key > key:  # keys only grow, as in LRU
+                key = old.key
+            node.policy_data = Access(cls, node.freq, key, end, tick, gap, prev)
+        heapq.heappush(self._heap, (key, next(self._seq), node.version, node))
+        self.live += 1
+
+    def evicted(self, node, whole: bool) -> None:
+        """Pages of ``node`` are evicted: note the eviction age; a ``whole`` node goes into the ghost."""
+        data = node.policy_data
+        if data is not None:
+            self.learner.evicted(self._now - data.key)
+        if not whole:
+            return
+        ghost = self._ghost
+        h = self._ghost_key(node)
+        ghost[h] = (data.cls, node.tick, data.end, data.gap) if data is not None else (None, node.tick, 0, 0)
+        ghost.move_to_end(h)
+        limit = max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX))
+        while len(ghost) > limit:
+            ghost.popitem(last=False)

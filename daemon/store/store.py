@@ -31,8 +31,9 @@ from .invariants import check_store
 from .keyspace import NamespaceKeys
 from .leases import ALLOC, READ, Lease, LeaseTable
 from .namespaces import Namespace
-from .policies import POLICIES, EvictionIndex
+from .policies import EvictionIndex
 from .radix import Node, RadixTree, Totals
+from .registry import POLICIES
 from .results import AllocResult, EvictResult, InsertResult, MatchResult
 
 
@@ -59,7 +60,7 @@ class PrefixStore:
         self.max_alloc = max_alloc if max_alloc is not None else arena.nblocks
         self._clock = clock
         self._alloc = BlockAllocator(arena.nblocks)
-        self._index = EvictionIndex(policy)
+        self._index = EvictionIndex(POLICIES[policy], capacity=arena.nblocks, page_bytes=self.page_bytes)
         self._totals = Totals()
         self._ns: dict[bytes, Namespace] = {}
         self._leases = LeaseTable()
@@ -210,6 +211,8 @@ class PrefixStore:
                 if lease:
                     lease_id = self._leases.new(owner, READ, name, deadline, node, list(blocks)).id
                     rec.leases += 1
+        if npages:
+            self._index.looked_up(name, tokens, npages, pages)
         matched = pages * self.page_size
         missed = len(tokens) // TOKEN_BYTES - matched
         rec.hits += matched
@@ -344,6 +347,7 @@ class PrefixStore:
             self._alloc.release(plan.dup_blocks)
         tree.unpin(plan.node)
         tree.touch(end, now, hit=False)
+        self._index.stored(plan.ns, plan.tokens, plan.npages)
         rec = self._ns[plan.ns]
         rec.inserts += 1
         rec.stored += stored
@@ -589,7 +593,7 @@ class PrefixStore:
             raise BadRequest(f"unknown eviction policy {name!r} (known: {', '.join(POLICIES)})")
         candidates = [node for rec in self._ns.values() for tree in rec.trees.values()
                       for node in tree.subtree(tree.root) if node.evictable]
-        self._index.rebuild(name, candidates)
+        self._index.rebuild(POLICIES[name], candidates)
 
     def namespaces(self) -> list[bytes]:
         """Names of the namespaces that hold pages or leases (Redis's keys), sorted."""
@@ -628,7 +632,7 @@ class PrefixStore:
         }
 
     def policy_state(self) -> dict:
-        """What the eviction policy has learned (empty unless it learns: see policies.ReusePolicy.describe)."""
+        """What the eviction policy has learned (empty unless it learns: see reuse.ReusePolicy.describe)."""
         return self._index.describe()
 
     def info(self) -> dict:

@@ -1,0 +1,9 @@
+"""Every eviction policy by its ``maxmemory-policy`` name: the one place that knows them all."""
+
+from __future__ import annotations
+
+from .guard import GuardPolicy
+from .policies import GhostPolicy, HybridPolicy, LFUPolicy, LRUPolicy
+from .reuse import ReusePolicy
+
+POLICIES = {cls.name: cls for cls in (LRUPolicy, LFUPolicy, HybridPolicy, GhostPolicy, ReusePolicy, GuardPolicy)}
