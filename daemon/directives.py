@@ -146,14 +146,16 @@ DIRECTIVES: tuple[Directive, ...] = (
         "reserved at startup and cut into maxmemory / block-bytes blocks.",
     ),
     Directive(
-        name="maxmemory-policy", kind=Enum(("lru", "lfu", "hybrid", "ghost", "reuse")), default="hybrid",
+        name="maxmemory-policy", kind=Enum(("lru", "lfu", "hybrid", "ghost", "reuse", "guard")), default="hybrid",
         doc="Which unpinned leaf pages go first when blocks are needed: lru (least recently "
         "used), lfu (least frequently used, then least recent), hybrid (highest "
         "age / (frequency + 1)), ghost (LRU that, while the cache thrashes, puts new "
         "pages nobody continues at the LRU end; continuations of hit or recently evicted "
         "prefixes stay protected), reuse (LRU plus a learned boost for prefixes whose "
         "last reuse came quickly: the classes of access that come back sooner than "
-        "average are kept longer; plain LRU when nothing predicts a return).",
+        "average are kept longer; plain LRU when nothing predicts a return), guard "
+        "(reuse's order while miniature simulations of a sample of the pages say it "
+        "hits more than LRU's, LRU's order otherwise).",
     ),
     Directive(
         name="page-size", kind=Int(), default=16, minimum=1, maximum=1 << 20, mutable=False,

@@ -545,7 +545,7 @@ def plot(results: dict, capacities: list[int], policies: list[str], path: Path, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pfxcache.daemon.store.policies import POLICIES
+    from pfxcache.daemon.store.registry import POLICIES
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("traces", nargs="*", type=Path,
