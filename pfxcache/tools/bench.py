@@ -48,26 +48,18 @@ import argparse
 import csv
 import io
 import json
-import os
 import shutil
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout (an editable install)
+from pfxcache.testing import free_port, start_daemon, start_redis_server
+from pfxcache.tools.common import (OUT, RespConnection, command_line, machine, new_plot, pairs, progress_bar,
+                                   save_plot, shown, tool_parser)
 
-from pfxcache.testing import encode_command, start_daemon, start_redis_server
-
-try:
-    from tqdm import tqdm
-except ImportError:  # progress falls back to plain lines
-    tqdm = None
-
-OUT = ROOT / "scripts" / "out"
 NAMESPACE = b"bench"
 PAGE_TOKENS = 16
 BLOCK_BYTES = 16 * 1024
@@ -88,28 +80,10 @@ def printable_prompt(count: int, start: int) -> bytes:
 
 
 def raw_reply(address: tuple[str, int], *args: bytes | str) -> tuple[Any, int]:
-    """Send one command over RESP2, return (decoded reply, reply size in bytes)."""
-    import hiredis
-
-    reader = hiredis.Reader()
-    size = 0
-    with socket.create_connection(address, timeout=10) as sock:
-        sock.sendall(encode_command(*args))
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                raise RuntimeError("connection closed before the reply")
-            size += len(chunk)
-            reader.feed(chunk)
-            reply = reader.gets()
-            if reply is not False:
-                return reply, size
-
-
-def pairs(reply: list) -> dict:
-    """A RESP2 flat name/value array as a dict with str keys (and str for bytes values)."""
-    return {k.decode() if isinstance(k, bytes) else k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v
-            for k, v in zip(reply[::2], reply[1::2])}
+    """Send one command over RESP2 on a new connection, return (decoded reply, reply size in bytes)."""
+    with RespConnection(address, timeout=10) as conn:
+        reply = conn.call(*args)
+        return reply, conn.received
 
 
 def pfx_stats(address: tuple[str, int]) -> dict:
@@ -288,8 +262,6 @@ def serve_floor(port: int) -> None:
 
 
 def start_floor() -> subprocess.Popen:
-    from pfxcache.testing import free_port
-
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "pfxcache.tools.bench", "--serve-floor", str(port)], stdout=subprocess.PIPE, text=True)
     proc.stdout.readline()
@@ -298,18 +270,13 @@ def start_floor() -> subprocess.Popen:
 
 
 def plot(results: list[dict], path: Path, title: str) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is missing (pip install matplotlib): no plot", file=sys.stderr)
+    figure = new_plot((max(8, 1.7 * len(results)), 5))
+    if figure is None:
         return None
+    fig, ax = figure
     labels = [f"{r['load']}\n-P {r['pipeline']}" for r in results]
     x = range(len(results))
     width = 0.4
-    fig, ax = plt.subplots(figsize=(max(8, 1.7 * len(results)), 5))
     ax.bar([i - width / 2 for i in x], [r["redis"]["rps"] for r in results], width, label="redis-server")
     ax.bar([i + width / 2 for i in x], [r["pfxcached"]["rps"] for r in results], width, label="pfxcached")
     for i, r in zip(x, results):
@@ -321,18 +288,14 @@ def plot(results: list[dict], path: Path, title: str) -> Path | None:
     ax.set_yscale("log")
     ax.set_title(title, fontsize=10)
     ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_plot(fig, path)
 
 
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--serve-floor":
         serve_floor(int(sys.argv[2]))
         return 0
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = tool_parser("bench", __doc__)
     parser.add_argument("-n", "--requests", type=int, default=100_000, help="requests per run (default 100000)")
     parser.add_argument("-c", "--clients", type=int, default=50, help="parallel connections (default 50)")
     parser.add_argument("--pipelines", default="1,16", help="comma-separated pipeline depths (default 1,16)")
@@ -365,7 +328,7 @@ def main() -> int:
     floor = start_floor() if args.floor and any(load.key == "ping" for load in selected) else None
     results = []
     runs = 2 * len(plan) + (len(pipelines) if floor else 0)
-    steps = tqdm(total=runs, desc="benchmarking", unit="run", file=sys.stderr) if tqdm else None
+    steps = progress_bar(runs, "benchmarking", "run")
     try:
         for load, pipeline in plan:
             row: dict[str, Any] = {"load": load.label, "key": load.key, "pipeline": pipeline,
@@ -374,52 +337,48 @@ def main() -> int:
             if floor is not None and load.key == "ping":
                 servers.append(("trio_floor", ("127.0.0.1", floor.port), load.pfx))
             for name, address, load_args in servers:
-                if steps is None:
+                if steps.disable:
                     print(f"  {load.label} -P {pipeline} against {name} ...", file=sys.stderr, flush=True)
-                else:
-                    steps.set_postfix_str(f"{load.label} -P {pipeline} {name}")
+                steps.set_postfix_str(f"{load.label} -P {pipeline} {name}")
                 if load.prepare is not None and name == "redis":
                     load.prepare(ours.address, reference.address)
                 before = pfx_stats(ours.address) if name == "pfxcached" and load.check else None
                 row[name] = run_benchmark(address, load_args, args.clients, pipeline, args.requests)
                 if before is not None:
                     row["pfx_check"] = load.check(before, pfx_stats(ours.address), args.requests)
-                if steps is not None:
-                    steps.update(1)
+                steps.update(1)
             row["ratio"] = row["pfxcached"]["rps"] / row["redis"]["rps"]
             if "trio_floor" in row:
                 row["floor_ratio"] = row["pfxcached"]["rps"] / row["trio_floor"]["rps"]
             results.append(row)
         final_stats = pfx_stats(ours.address)
     finally:
-        if steps is not None:
-            steps.close()
+        steps.close()
         ours.stop()
         reference.stop()
         if floor is not None:
             floor.terminate()
             floor.wait()
 
-    machine = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
-               "redis": subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2].removeprefix("v="),
-               "date": time.strftime("%Y-%m-%d")}
-    command = "scripts/bench " + " ".join(sys.argv[1:])
+    redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2]
+    figures_from = {**machine(), "redis": redis_version.removeprefix("v=")}
+    command = command_line("bench")
     notes = {load.key: load.note for load in selected}
     target = next((r for r in results if r["key"] == "pfxget" and r["pipeline"] == 1), None)
     plot_path = None
     if not args.no_plot:
         plot_path = plot(results, OUT / "bench.png",
-                         f"{command.strip()}  ({machine['cpus']} CPUs, -c {args.clients}, -n {args.requests})")
+                         f"{command}  ({figures_from['cpus']} CPUs, -c {args.clients}, -n {args.requests})")
     if args.json:
-        print(json.dumps({"command": command.strip(), "machine": machine, "maxmemory": args.maxmemory,
+        print(json.dumps({"command": command, "machine": figures_from, "maxmemory": args.maxmemory,
                           "block_bytes": BLOCK_BYTES, "page_size": PAGE_TOKENS, "notes": notes, "results": results,
                           "pfxget_target": None if target is None else {"ratio": target["ratio"], "goal": 0.7,
                                                                         "met": target["ratio"] >= 0.7},
                           "pfx_final_stats": final_stats,
                           "plot": str(plot_path) if plot_path else None}, indent=2))
         return 0
-    print(f"$ {command.strip()}")
-    print(f"pfxcached vs redis-server ({machine['redis']}), {machine['cpus']} CPUs, "
+    print(f"$ {command}")
+    print(f"pfxcached vs redis-server ({figures_from['redis']}), {figures_from['cpus']} CPUs, "
           f"-c {args.clients}, -n {args.requests}; both servers maxmemory {args.maxmemory}")
     header = (f"{'load':<20}{'-P':>4}{'redis rps':>12}{'p50':>7}{'p99':>7}{'pfx rps':>12}{'p50':>7}{'p99':>7}"
               f"{'ratio':>8}")
@@ -451,7 +410,7 @@ def main() -> int:
         verdict = "met" if target["ratio"] >= 0.7 else "MISSED"
         print(f"target PFXGET >= 0.7x redis GET at -P 1: {target['ratio']:.2f}x ({verdict})")
     if plot_path:
-        print(f"plot: {plot_path.relative_to(ROOT)}")
+        print(f"plot: {shown(plot_path)}")
     return 0
 
 

@@ -37,9 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -47,19 +44,13 @@ import time
 import zlib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout (an editable install)
-
-import hiredis
 import numpy as np
 
+from pfxcache.client.commands import pack_tokens
 from pfxcache.testing import encode_command, start_daemon
+from pfxcache.tools.common import (OUT, RespConnection, command_line, machine, new_plot, pairs, progress_bar,
+                                   save_plot, shown, tool_parser)
 
-try:
-    from tqdm import tqdm
-except ImportError:  # progress falls back to plain lines
-    tqdm = None
-
-OUT = ROOT / "scripts" / "out"
 NS = b"lat"
 PAGE_TOKENS = 16
 MIB = 1 << 20
@@ -67,41 +58,8 @@ MIB = 1 << 20
 
 def prompt(tag: int, serial: int, pages: int) -> bytes:
     """Packed tokens: the first token (tag, serial) makes the first page, hence the shard, unique."""
-    head = struct.pack("<II", tag, serial)
     body = np.arange(pages * PAGE_TOKENS - 2, dtype=np.uint32) + (tag << 20)
-    return head + body.tobytes()
-
-
-class Conn:
-    """One blocking RESP2 connection."""
-
-    def __init__(self, address: tuple[str, int]) -> None:
-        self.sock = socket.create_connection(address, timeout=60)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.reader = hiredis.Reader()
-
-    def reply(self):
-        while True:
-            got = self.reader.gets()
-            if got is not False:
-                return got
-            chunk = self.sock.recv(1 << 20)
-            if not chunk:
-                raise ConnectionError("server closed the connection")
-            self.reader.feed(chunk)
-
-    def call(self, *args):
-        self.sock.sendall(encode_command(*args))
-        return self.reply()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def as_dict(reply) -> dict:
-    if isinstance(reply, Exception):
-        raise RuntimeError(f"error reply: {reply}")
-    return {k.decode(): v for k, v in zip(reply[::2], reply[1::2])}
+    return pack_tokens(np.concatenate((np.array([tag, serial], np.uint32), body)))
 
 
 # -- the writer process ----------------------------------------------------------------------------
@@ -114,7 +72,7 @@ def writer_process(host: str, port: int, writers: int, pages: int, block_bytes: 
     started = threading.Barrier(writers + 1)
 
     def run(w: int) -> None:
-        conn = Conn((host, port))
+        conn = RespConnection((host, port))
         latencies: list[int] = []
         sent = stored = errors = 0
         serial = 0
@@ -135,7 +93,7 @@ def writer_process(host: str, port: int, writers: int, pages: int, block_bytes: 
                     errors += 1
                 else:
                     sent += len(data)
-                    stored += as_dict(reply)["stored"]
+                    stored += pairs(reply)["stored"]
                 if first:
                     first = False
                     started.wait()
@@ -170,7 +128,7 @@ def writer_process(host: str, port: int, writers: int, pages: int, block_bytes: 
 
 # -- the reader ------------------------------------------------------------------------------------
 
-def read_loop(conn: Conn, requests: list[bytes], expected: int, duration: float, bar) -> tuple[np.ndarray, int]:
+def read_loop(conn: RespConnection, requests: list[bytes], expected: int, duration: float, bar) -> tuple[np.ndarray, int]:
     """PFXGET one request at a time for ``duration`` seconds; returns (latencies in ms, misses)."""
     latencies: list[int] = []
     misses = 0
@@ -216,15 +174,15 @@ def run_config(shards: int, args: argparse.Namespace, bar) -> tuple[dict, dict[s
                           "--maxmemory", args.maxmemory, "--page-size", str(PAGE_TOKENS))
     curves: dict[str, np.ndarray] = {}
     try:
-        admin = Conn(daemon.address)
+        admin = RespConnection(daemon.address)
         reads = []
         data = b"r" * (args.reader_pages * args.block_bytes)
         for k in range(args.reader_prompts):
             tokens = prompt(1, k, args.reader_pages)
-            as_dict(admin.call("PFXSET", NS, "PACKED", tokens, "DATA", data))
+            pairs(admin.call("PFXSET", NS, "PACKED", tokens, "DATA", data))
             reads.append(encode_command("PFXGET", NS, "PACKED", tokens, "NOLEASE"))
         expected = args.reader_pages * PAGE_TOKENS
-        reader = Conn(daemon.address)
+        reader = RespConnection(daemon.address)
         read_loop(reader, reads, expected, 0.3, None)  # warm up
         # The store's shard function: crc32 of (namespace, first page) mod shards.
         reader_shards = sorted({zlib.crc32(prompt(1, k, 1), zlib.crc32(NS)) % shards
@@ -237,7 +195,7 @@ def run_config(shards: int, args: argparse.Namespace, bar) -> tuple[dict, dict[s
         row["idle"] = {**summary(lat), "misses": misses}
         curves["idle"] = lat
 
-        before = as_dict(as_dict(admin.call("PFXINFO"))["stats"])
+        before = pairs(pairs(admin.call("PFXINFO"))["stats"])
         proc = subprocess.Popen([sys.executable, "-m", "pfxcache.tools.bench_latency", "--writer-process", daemon.host, str(daemon.port),
                                  str(args.writers), str(args.write_pages), str(args.block_bytes)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -257,7 +215,7 @@ def run_config(shards: int, args: argparse.Namespace, bar) -> tuple[dict, dict[s
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-        after = as_dict(as_dict(admin.call("PFXINFO"))["stats"])
+        after = pairs(pairs(admin.call("PFXINFO"))["stats"])
         row["loaded"] = {**summary(lat), "misses": misses}
         curves["loaded"] = lat
         writers["evicted_pages"] = after["evictions"] - before["evictions"]
@@ -276,15 +234,10 @@ def run_config(shards: int, args: argparse.Namespace, bar) -> tuple[dict, dict[s
 
 
 def plot(curves: dict[str, np.ndarray], path: Path, title: str) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is missing (pip install matplotlib): no plot", file=sys.stderr)
+    figure = new_plot()
+    if figure is None:
         return None
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = figure
     for label, lat in curves.items():
         xs = np.sort(lat)
         ys = np.arange(1, xs.size + 1) / xs.size
@@ -298,18 +251,14 @@ def plot(curves: dict[str, np.ndarray], path: Path, title: str) -> Path | None:
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_plot(fig, path)
 
 
 def main() -> int:
     if len(sys.argv) == 7 and sys.argv[1] == "--writer-process":
         host, port, writers, pages, block_bytes = sys.argv[2], *map(int, sys.argv[3:])
         return writer_process(host, port, writers, pages, block_bytes)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = tool_parser("bench-latency", __doc__)
     parser.add_argument("--shards", default="16,1", help="comma-separated shard counts to compare (default 16,1)")
     parser.add_argument("--writers", type=int, default=4, help="writer connections (default 4)")
     parser.add_argument("--write-pages", type=int, default=64, help="pages per PFXSET (default 64)")
@@ -324,13 +273,12 @@ def main() -> int:
     shard_list = [int(s) for s in args.shards.split(",") if s.strip()]
 
     total = round(2 * args.duration * len(shard_list), 2)
-    bar = tqdm(total=total, desc="measuring", unit="s", file=sys.stderr,
-               bar_format="{l_bar}{bar}| {n:.1f}/{total:.0f} s{postfix}") if tqdm else None
+    bar = progress_bar(total, "measuring", "s", bar_format="{l_bar}{bar}| {n:.1f}/{total:.0f} s{postfix}")
     rows = []
     curves: dict[str, np.ndarray] = {}
     try:
         for shards in shard_list:
-            if bar is None:
+            if bar.disable:
                 print(f"  shards {shards}: idle, then {args.writers} writers, {args.duration} s each ...",
                       file=sys.stderr, flush=True)
             row, got = run_config(shards, args, bar)
@@ -338,25 +286,24 @@ def main() -> int:
             for phase, lat in got.items():
                 curves[f"shards {shards}, {phase if phase == 'idle' else f'{args.writers} writers'}"] = lat
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
 
     ref = rows[0]
     for row in rows:
         row["p99_vs_first"] = row["loaded"]["p99_ms"] / ref["loaded"]["p99_ms"]
-    command = ("scripts/bench-latency " + " ".join(sys.argv[1:])).strip()
-    machine = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d")}
+    command = command_line("bench-latency")
+    figures_from = machine()
     write_mib = args.write_pages * args.block_bytes / MIB
     plot_path = None if args.no_plot else plot(
         curves, OUT / "bench-latency.png",
         f"{command}\nreader: PFXGET NOLEASE of {args.reader_pages} pages; writers: PFXSET of {args.write_pages} x "
         f"{args.block_bytes // 1024} KiB")
     if args.json:
-        print(json.dumps({"command": command, "machine": machine, "settings": vars(args), "results": rows,
+        print(json.dumps({"command": command, "machine": figures_from, "settings": vars(args), "results": rows,
                           "plot": str(plot_path) if plot_path else None}, indent=2))
         return 0
     print(f"$ {command}")
-    print(f"pfxcached, {machine['cpus']} CPUs; reader: 1 connection, PFXGET NOLEASE of {args.reader_pages}-page "
+    print(f"pfxcached, {figures_from['cpus']} CPUs; reader: 1 connection, PFXGET NOLEASE of {args.reader_pages}-page "
           f"prompts (hits); writers: {args.writers} connections, PFXSET of {args.write_pages} pages x "
           f"{args.block_bytes // 1024} KiB = {write_mib:g} MiB each; maxmemory {args.maxmemory}; "
           f"{args.duration:g} s per phase")
@@ -381,7 +328,7 @@ def main() -> int:
               f"p50 {row['loaded']['p50_ms'] / ref['loaded']['p50_ms']:.2f}x, writer throughput "
               f"{row['writers']['mib_per_s'] / ref['writers']['mib_per_s']:.2f}x")
     if plot_path:
-        print(f"plot: {plot_path.relative_to(ROOT)}")
+        print(f"plot: {shown(plot_path)}")
     return 0
 
 

@@ -46,24 +46,16 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import random
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout (an editable install)
-
 import numpy as np
 
 from pfxcache.daemon.store import MemoryArena, PrefixStore
+from pfxcache.tools.common import OUT, command_line, machine, new_plot, progress_bar, save_plot, shown, tool_parser
 
-try:
-    from tqdm import tqdm
-except ImportError:  # progress falls back to plain lines
-    tqdm = None
-
-OUT = ROOT / "scripts" / "out"
 NS = b"bench"
 TOKEN_BYTES = 4
 POOL_MAX = 50_000  # prompts remembered as parents and match queries
@@ -108,9 +100,8 @@ def build(size: int, args: argparse.Namespace, headroom: int) -> tuple[PrefixSto
     trace = Trace(args.seed + size, args.page_size, args.prompt_pages)
     arena = MemoryArena(args.block_bytes, size + args.prompt_pages + headroom)
     store = PrefixStore(arena, page_size=args.page_size, shards=args.shards, policy=args.policy)
-    bar = tqdm(total=size, desc=f"building {size:,} pages", unit="page", unit_scale=True, file=sys.stderr,
-               leave=False) if tqdm else None
-    if bar is None:
+    bar = progress_bar(size, f"building {size:,} pages", "page", unit_scale=True, leave=False)
+    if bar.disable:
         print(f"  building a tree of {size:,} pages ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
     pages = 0
@@ -119,11 +110,10 @@ def build(size: int, args: argparse.Namespace, headroom: int) -> tuple[PrefixSto
         stored = store.insert(NS, prompt).stored
         trace.remember(prompt)
         pages += stored
-        if bar is not None and stored:
+        if stored:
             bar.update(stored)
     elapsed = time.perf_counter() - start
-    if bar is not None:
-        bar.close()
+    bar.close()
     return store, trace, elapsed
 
 
@@ -237,16 +227,11 @@ def measure(size: int, args: argparse.Namespace) -> dict:
 
 
 def plot(results: list[dict], path: Path, title: str) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is missing (pip install matplotlib): no plot", file=sys.stderr)
+    figure = new_plot()
+    if figure is None:
         return None
+    fig, ax = figure
     sizes = [r["pages"] for r in results]
-    fig, ax = plt.subplots(figsize=(8, 5))
     for key, label, marker in (("match_ops", "match (NOLEASE)", "o"), ("match_lease_ops", "match + lease + release", "s"),
                                ("insert_ops", "insert", "^"), ("evict_ops", "evict 1 page", "D")):
         ax.plot(sizes, [r[key] for r in results], marker=marker, label=label)
@@ -257,15 +242,11 @@ def plot(results: list[dict], path: Path, title: str) -> Path | None:
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_plot(fig, path)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = tool_parser("bench-store", __doc__)
     parser.add_argument("--sizes", default="1000,10000,100000,1000000",
                         help="comma-separated tree sizes in pages (default 1000,10000,100000,1000000)")
     parser.add_argument("--page-size", type=int, default=16, help="tokens per page (default 16)")
@@ -290,17 +271,14 @@ def main() -> int:
         parser.error("--new-pages must be smaller than --prompt-pages")
 
     results = []
-    steps = tqdm(total=len(sizes), desc="tree sizes", unit="size", file=sys.stderr) if tqdm else None
+    steps = progress_bar(len(sizes), "tree sizes", "size")
     for size in sizes:
-        if steps is not None:
-            steps.set_postfix_str(f"{size:,} pages")
+        steps.set_postfix_str(f"{size:,} pages")
         results.append(measure(size, args))
-        if steps is not None:
-            steps.update(1)
-        else:
+        steps.update(1)
+        if steps.disable:
             print(f"  {size:,} pages done", file=sys.stderr, flush=True)
-    if steps is not None:
-        steps.close()
+    steps.close()
 
     ref = results[0]
     for row in results:
@@ -309,18 +287,18 @@ def main() -> int:
     last = results[-1]
     verdict = {"small": ref["pages"], "large": last["pages"], "ratio": last["evict_cost_ratio"], "goal": 2.0,
                "met": last["evict_cost_ratio"] <= 2.0}
-    command = ("scripts/bench-store " + " ".join(sys.argv[1:])).strip()
-    machine = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d")}
+    command = command_line("bench-store")
+    figures_from = machine()
     plot_path = None if args.no_plot else plot(
         results, OUT / ("bench-store-nogc.png" if args.no_gc else "bench-store.png"),
         f"{command}\npage {args.page_size} tokens, prompts {args.prompt_pages} pages, {args.shards} shards, "
         f"{args.policy}")
     if args.json:
-        print(json.dumps({"command": command, "machine": machine, "settings": vars(args), "results": results,
+        print(json.dumps({"command": command, "machine": figures_from, "settings": vars(args), "results": results,
                           "evict_target": verdict, "plot": str(plot_path) if plot_path else None}, indent=2))
         return 0
     print(f"$ {command}")
-    print(f"PrefixStore in process, {machine['cpus']} CPUs, Python {machine['python']}; page {args.page_size} tokens, "
+    print(f"PrefixStore in process, {figures_from['cpus']} CPUs, Python {figures_from['python']}; page {args.page_size} tokens, "
           f"prompts of {args.prompt_pages} pages, inserts add {args.new_pages} pages, {args.shards} shards, "
           f"policy {args.policy}; best of {args.repeat}; cyclic GC {'off' if args.no_gc else 'on'} while timing")
     header = (f"{'pages':>10}{'nodes':>9}{'path':>6}{'build s':>9}{'match/s':>10}{'+lease/s':>10}{'insert/s':>10}"
@@ -341,7 +319,7 @@ def main() -> int:
     print(f"\ntarget: evicting one page at {last['pages']:,} pages costs within 2x of {ref['pages']:,} pages: "
           f"{last['evict_us_mean']:.2f} us vs {ref['evict_us_mean']:.2f} us = {verdict['ratio']:.2f}x ({state})")
     if plot_path:
-        print(f"plot: {plot_path.relative_to(ROOT)}")
+        print(f"plot: {shown(plot_path)}")
     return 0
 
 

@@ -33,10 +33,7 @@ import sys
 from pathlib import Path
 
 
-try:
-    from tqdm import tqdm
-except ImportError:  # no progress bar then
-    tqdm = None
+from pfxcache.tools.common import progress_bar, tool_parser
 
 # The built-in model: big enough that prefill dominates its time, small enough for 2 CPU cores.
 TINY = dict(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
@@ -44,8 +41,7 @@ TINY = dict(vocab_size=2048, hidden_size=256, intermediate_size=512, num_hidden_
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = tool_parser("demo", __doc__.split("\n\n")[0])
     parser.add_argument("--url", help="a running pfxcached (default: start one sized for the model)")
     parser.add_argument("--model", metavar="DIR", help="a local transformers model directory (from_pretrained, "
                         "offline) instead of the built-in random tiny Llama")
@@ -126,8 +122,7 @@ def main(argv: list[str]) -> int:
 
         rows = []
         total = args.users * args.turns
-        bar = tqdm(total=total, desc="turns", unit="turn", file=sys.stderr,
-                   disable=args.no_progress or tqdm is None) if tqdm is not None else None
+        bar = progress_bar(total, "turns", "turn", quiet=args.no_progress)
         for turn in range(1, args.turns + 1):
             for user in range(args.users):
                 prompt = history[user] + conversation_tokens(rng, vocab, args.message_tokens)
@@ -145,10 +140,8 @@ def main(argv: list[str]) -> int:
                     "identical": cached.tokens == plain.tokens,
                     "max_logit_diff": float((cached.prefill_logits - plain.prefill_logits).abs().max()),
                 })
-                if bar is not None:
-                    bar.update(1)
-        if bar is not None:
-            bar.close()
+                bar.update(1)
+        bar.close()
         if args.url:
             cache.evict(namespace, all=True)  # leave a shared daemon as it was
         via = cache.via

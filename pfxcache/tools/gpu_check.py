@@ -39,6 +39,8 @@ import subprocess
 import sys
 import time
 
+from pfxcache.testing import start_daemon
+from pfxcache.tools.common import tool_parser
 
 INSTALL = "pip install -e '.[cuda12,client]'   (CUDA 13: '.[cuda13,client]')"
 NAMESPACE = "gpu-check"
@@ -58,9 +60,9 @@ def expected_pages(xp, first: int, count: int, block_bytes: int):
 
 
 def tokens_for(npages: int) -> bytes:
-    import numpy as np
+    from pfxcache.client.commands import pack_tokens  # the client needs redis-py: checked before this runs
 
-    return np.arange(1, npages * PAGE_SIZE + 1, dtype="<u4").tobytes()
+    return pack_tokens(range(1, npages * PAGE_SIZE + 1))
 
 
 def connect(port: int):
@@ -211,8 +213,6 @@ def check(args: argparse.Namespace) -> int:
     name = cupy.cuda.runtime.getDeviceProperties(args.device)["name"]
     name = name.decode() if isinstance(name, bytes) else str(name)
 
-    from pfxcache.testing import start_daemon
-
     block_bytes = args.block_kib * 1024
     args.pages = max(1, args.mib * 2**20 // block_bytes)
     maxmemory_mib = 2 * args.mib + 64
@@ -276,7 +276,7 @@ def check(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = tool_parser("gpu-check", __doc__)
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     parser.add_argument("--device", type=int, default=0, help="CUDA device of the arena (default 0)")
     parser.add_argument("--mib", type=int, default=256, help="MiB of blocks exchanged and timed (default 256)")

@@ -71,27 +71,20 @@ scripts/out/replay-<trace name>.png.
 
 from __future__ import annotations
 
-import argparse
 import heapq
 import itertools
 import json
 import re
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout (an editable install)
-
 import numpy as np
 
-try:
-    from tqdm import tqdm
-except ImportError:  # progress falls back to plain lines
-    tqdm = None
+from pfxcache.testing import start_daemon
+from pfxcache.tools.common import OUT, command_line, new_plot, progress_bar, save_plot, shown, tool_parser
 
-OUT = ROOT / "scripts" / "out"
 DEFAULT_TRACE = Path("/work/shared/traces/conversation_trace.jsonl")
 MOONCAKE_BLOCK = 512
 DEFAULT_NS = "replay"
@@ -300,9 +293,7 @@ def cap_title(cap: int) -> str:
 
 
 def _progress(total: int, desc: str, quiet: bool):
-    if tqdm is None or quiet:
-        return None
-    return tqdm(total=total, desc=desc, unit="req", unit_scale=True, file=sys.stderr, leave=False)
+    return progress_bar(total, desc, "req", quiet=quiet, unit_scale=True, leave=False)
 
 
 def replay_requests(store, trace: Trace, page_size: int, capacity: int, bar=None) -> int:
@@ -344,8 +335,7 @@ def replay_store(trace: Trace, policy: str, capacity: int, page_size: int, shard
         if problems:
             raise RuntimeError(f"store inconsistent after the replay: {problems[:3]}")
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
         arena.close()
     total = trace.input_tokens
     return {"hit_tokens": hit, "input_tokens": total, "hit_rate": hit / total if total else 0.0,
@@ -368,44 +358,22 @@ class DaemonRunner:
             return int(arena.get("nblocks") or arena["blocks-total"])
 
     def _start(self, policy: str, capacity: int, page_size: int, shards: int):
-        import threading
-
         bb = max(self.block_bytes, -(-1024 // capacity))  # maxmemory must be >= 1024 bytes
-        cmd = [sys.executable, "-m", "pfxcache.daemon", "--port", "0", "--arena", "memory",
-               "--maxmemory", str(capacity * bb), "--block-bytes", str(bb), "--page-size", str(page_size),
-               "--shards", str(shards), "--maxmemory-policy", policy, "--evict-low-watermark", "0",
-               "--lease-ttl", str(7 * 24 * 3600 * 1000), "--prompt-max-tokens", str(1 << 24),
-               "--save", "", "--loglevel", "warning"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        ready = threading.Event()
-        found: list[tuple[str, int]] = []
-        lines: list[str] = []
-
-        def pump() -> None:
-            for line in proc.stdout:
-                lines.append(line)
-                m = re.search(r"Ready to accept connections tcp on (\S+):(\d+)", line)
-                if m and not found:
-                    found.append((m.group(1), int(m.group(2))))
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(30) or not found:
-            proc.kill()
-            proc.wait()
-            raise RuntimeError("pfxcached did not start:\n" + "".join(lines))
-        host, port = found[0]
-        return proc, f"redis://{host}:{port}/0", bb
+        daemon = start_daemon(
+            "--port", "0", "--arena", "memory", "--maxmemory", str(capacity * bb), "--block-bytes", str(bb),
+            "--page-size", str(page_size), "--shards", str(shards), "--maxmemory-policy", policy,
+            "--evict-low-watermark", "0", "--lease-ttl", str(7 * 24 * 3600 * 1000),
+            "--prompt-max-tokens", str(1 << 24), "--save", "", "--loglevel", "warning", ready_timeout=30)
+        return daemon, f"redis://{daemon.host}:{daemon.port}/0", bb
 
     def run(self, trace: Trace, policy: str, capacity: int, page_size: int, shards: int, quiet: bool) -> dict:
         from pfxcache.client import PrefixCache
 
-        proc = None
+        daemon = None
         if self.url is None:
             if capacity == UNLIMITED:
                 capacity = sum(whole_pages(trace, r, page_size, 0)[1] for r in trace.requests) + 1
-            proc, url, bb = self._start(policy, capacity, page_size, shards)
+            daemon, url, bb = self._start(policy, capacity, page_size, shards)
         else:
             url = self.url
         cache = PrefixCache.from_url(url, attach=False)
@@ -435,19 +403,13 @@ class DaemonRunner:
                     data = zeros[: new * bb] if new * bb <= len(zeros) else bytes(new * bb)
                     cache.store(req.namespace, toks, data, offset=got)
                 cache.release(match)
-                if bar is not None and i % 64 == 63:
+                if i % 64 == 63:
                     bar.update(64)
-            if bar is not None:
-                bar.close()
+            bar.close()
         finally:
             cache.close()
-            if proc is not None:
-                proc.terminate()
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            if daemon is not None:
+                daemon.stop()
         total = trace.input_tokens
         return {"hit_tokens": hit, "input_tokens": total, "hit_rate": hit / total if total else 0.0}
 
@@ -502,10 +464,9 @@ def belady(trace: Trace, chains: list[list[int]], capacity: int, page_size: int,
         if len(heap) > 4 * len(cached) + 1024:
             heap = [(-nu, -depth_of[p], p) for p, nu in cached.items()]
             heapq.heapify(heap)
-        if bar is not None and i % 256 == 255:
+        if i % 256 == 255:
             bar.update(256)
-    if bar is not None:
-        bar.close()
+    bar.close()
     total = trace.input_tokens
     return {"hit_tokens": hit, "input_tokens": total, "hit_rate": hit / total if total else 0.0}
 
@@ -515,17 +476,12 @@ def belady(trace: Trace, chains: list[list[int]], capacity: int, page_size: int,
 
 def plot(results: dict, capacities: list[int], policies: list[str], path: Path, title: str,
          unlimited_x: int) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is missing (pip install matplotlib): no plot", file=sys.stderr)
+    figure = new_plot()
+    if figure is None:
         return None
+    fig, ax = figure
     xs = [c if c != UNLIMITED else unlimited_x for c in capacities]
     order = sorted(range(len(xs)), key=lambda i: xs[i])
-    fig, ax = plt.subplots(figsize=(8, 5))
     markers = itertools.cycle("osD^v<>p")
     for name in [*policies, "belady"]:
         ys = [results[name][cap_label(capacities[i])]["hit_rate"] for i in order]
@@ -537,17 +493,13 @@ def plot(results: dict, capacities: list[int], policies: list[str], path: Path, 
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_plot(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     from pfxcache.daemon.store.registry import POLICIES
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = tool_parser("replay", __doc__)
     parser.add_argument("traces", nargs="*", type=Path,
                         help=f"JSONL trace file(s) (default {DEFAULT_TRACE} when it exists)")
     parser.add_argument("--format", choices=("mooncake", "tokens"), default="mooncake", help="trace format")
@@ -619,8 +571,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, dict[str, dict]] = {}
     jobs = [(p, c) for p in policies for c in capacities]
-    outer = tqdm(total=len(jobs) + (0 if args.no_belady else len(capacities)), desc="replays", unit="run",
-                 file=sys.stderr) if tqdm is not None and not args.quiet else None
+    outer = progress_bar(len(jobs) + (0 if args.no_belady else len(capacities)), "replays", "run", quiet=args.quiet)
     started = time.perf_counter()
     for policy, cap in jobs:
         t0 = time.perf_counter()
@@ -630,18 +581,15 @@ def main(argv: list[str] | None = None) -> int:
             row = runner.run(trace, policy, cap, page_size, args.shards, args.quiet)
         row["seconds"] = round(time.perf_counter() - t0, 2)
         results.setdefault(policy, {})[cap_label(cap)] = row
-        if outer is not None:
-            outer.update(1)
+        outer.update(1)
     if not args.no_belady:
         for cap in capacities:
             results.setdefault("belady", {})[cap_label(cap)] = belady(trace, chains, cap, page_size, args.quiet)
-            if outer is not None:
-                outer.update(1)
-    if outer is not None:
-        outer.close()
+            outer.update(1)
+    outer.close()
     elapsed = time.perf_counter() - started
 
-    command = ("scripts/replay " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
+    command = command_line("replay", argv)
     summary = {"requests": len(trace.requests), "input_tokens": trace.input_tokens, "page_size": page_size,
                "page_accesses": accesses, "distinct_pages": distinct}
     plot_path = None
@@ -687,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
                 cells.append(f"{results[name][lab]['hit_rate'] / bound:>11.2f}" if bound else f"{'-':>11}")
             print(f"{name:<10}" + "".join(cells))
     if plot_path:
-        print(f"\nplot: {plot_path.relative_to(ROOT) if plot_path.is_relative_to(ROOT) else plot_path}")
+        print(f"\nplot: {shown(plot_path)}")
     return 0
 
 
