@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     logs.configure(config["loglevel"], config["logfile"])
     logs.log.info("pfxcached %s starting (Redis %s compatible), pid=%d", __version__, REDIS_COMPAT_VERSION, os.getpid())
+    if config.ignored:
+        logs.log.warning("These directives have no effect in pfxcached and were ignored: %s",
+                         ", ".join(config.ignored))
     try:
         server = Server(config)
         trio.run(server.serve)

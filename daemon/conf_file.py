@@ -12,8 +12,8 @@ from __future__ import annotations
 import textwrap
 from typing import Iterable
 
-from .config_kinds import Computed, Directive
-from .directives import DIRECTIVES
+from .config_kinds import Computed, Directive, Inapplicable
+from .directives import ALL_DIRECTIVES
 
 __all__ = ["conf_text"]
 
@@ -67,13 +67,22 @@ def _wrap(text: str, width: int = 78) -> list[str]:
     return ["# " + line for line in textwrap.wrap(text, width - 2, break_on_hyphens=False)]
 
 
-def conf_text(directives: Iterable[Directive] = DIRECTIVES) -> str:
+def conf_text(directives: Iterable[Directive] = ALL_DIRECTIVES) -> str:
     """The documented config file: a comment block per directive (what it
     does, its default, what it accepts, whether CONFIG SET can change it)
     followed by the directive set to its default. Values that are computed at
     startup (dir) are shown commented out."""
     out = [_CONF_HEADER.rstrip("\n")]
+    directives = tuple(directives)
+    inapplicable = [d.name for d in directives if isinstance(d.kind, Inapplicable)]
+    if inapplicable:
+        out += ["#", "# Every other directive of redis-server 7.0.15 is accepted too, so that a redis.conf",
+                *_wrap("written for redis-server starts pfxcached, and is shown by CONFIG GET with the value it "
+                       "was given (or redis-server's default), but has no effect: the daemon lists those a config "
+                       "sets in one warning at startup. They are: " + ", ".join(inapplicable) + ".")]
     for d in directives:
+        if isinstance(d.kind, Inapplicable):
+            continue
         if isinstance(d.default, Computed):
             default_text, line = d.default.doc, f"# {d.name} {d.default.conf}"
         else:

@@ -52,6 +52,7 @@ from .config_kinds import (
     Directory,
     Enum,
     Float,
+    Inapplicable,
     Int,
     Kind,
     Memory,
@@ -66,7 +67,7 @@ from .config_kinds import (
     memtoull,
     quote,
 )
-from .directives import DIRECTIVES
+from .directives import ALL_DIRECTIVES, DIRECTIVES, REDIS_ONLY
 
 __all__ = [
     "ConfigError",
@@ -84,6 +85,8 @@ __all__ = [
     "Directory",
     "OutputBufferLimits",
     "DIRECTIVES",
+    "ALL_DIRECTIVES",
+    "REDIS_ONLY",
     "Config",
     "REWRITE_SIGNATURE",
     "conf_text",
@@ -153,6 +156,11 @@ def _set_failed(name: str, reason: str | None) -> str:
 
 #: Where ``user`` lines wait while a file is loaded (not a directive: never shown by CONFIG GET).
 _USER_LINES = "\0user lines"
+_IGNORED = "\0ignored"
+
+
+def _note_ignored(values: dict[str, Any], note: str) -> None:
+    values.setdefault(_IGNORED, []).append(note)
 
 
 class Config:
@@ -161,7 +169,7 @@ class Config:
     Not thread-safe; the daemon uses it from its one event loop.
     """
 
-    def __init__(self, directives: Iterable[Directive] = DIRECTIVES) -> None:
+    def __init__(self, directives: Iterable[Directive] = ALL_DIRECTIVES) -> None:
         """Every directive at its default."""
         self._directives: tuple[Directive, ...] = tuple(directives)
         #: ``user <name> <rule> ...`` lines from the file and the command line, for the ACL.
@@ -181,6 +189,13 @@ class Config:
         self._hooks: dict[str, list[Hook]] = {}
         #: Absolute path of the file given to load_file; CONFIG REWRITE's target.
         self.config_file: str | None = None
+        #: What the file and the command line set that has no effect here, for the startup warning.
+        self.ignored: list[str] = []
+
+    def _remember_ignored(self, notes: list[str]) -> None:
+        for note in notes:
+            if note not in self.ignored:
+                self.ignored.append(note)
 
     # --- lookup -----------------------------------------------------------
 
@@ -235,6 +250,7 @@ class Config:
         values = dict(self._values)
         self._load_file_into(values, path, 0)
         self.acl_users += values.pop(_USER_LINES, [])
+        self._remember_ignored(values.pop(_IGNORED, []))
         self._values = values
         self.config_file = os.path.abspath(path)
 
@@ -271,6 +287,7 @@ class Config:
         values = dict(self._values)
         self._load_text_into(values, arg_bytes(options), "command line", 0)
         self.acl_users += values.pop(_USER_LINES, [])
+        self._remember_ignored(values.pop(_IGNORED, []))
         self._values = values
 
     def _load_file_into(self, values: dict[str, Any], path: str, depth: int) -> None:
@@ -306,9 +323,17 @@ class Config:
             if not d.kind.multi_arg and len(argv) != 2:
                 raise _LineError("wrong number of arguments")
             try:
-                values[d.name] = self._parse(d, argv[1:], values[d.name])
+                value = d.kind.parse_over(values[d.name], argv[1:], d)
             except ValueError as e:
                 raise _LineError(str(e)) from None
+            if d.allowed is not None and value not in d.allowed:
+                if not d.lenient:
+                    raise _LineError(d.refusal)
+                _note_ignored(values, f"{d.name} {' '.join(argv[1:])} ({d.refusal})")
+                return
+            if isinstance(d.kind, Inapplicable):
+                _note_ignored(values, d.name)
+            values[d.name] = value
         elif name == "user":
             # ACL users, as in redis.conf: collected here, applied by the server's ACL.
             if len(argv) < 2:

@@ -300,6 +300,23 @@ class Enum(Kind):
 
 
 @dataclass(frozen=True, slots=True)
+class Inapplicable(Kind):
+    """A redis-server directive pfxcached has no use for: any value is accepted and kept, for
+    CONFIG GET and tools that read it, and has no effect (the daemon says so once at startup)."""
+
+    multi_arg = True
+
+    def parse(self, args: Sequence[str], d: Directive) -> str:
+        return " ".join(args)
+
+    def conf(self, value: str) -> str:
+        return value if value else '""'
+
+    def describe(self, d: Directive) -> str:
+        return "anything (no effect)"
+
+
+@dataclass(frozen=True, slots=True)
 class String(Kind):
     """Any single argument; "" is allowed and written back as ``""``."""
 
@@ -514,6 +531,10 @@ class Directive:
     protected: bool = False
     allowed: tuple[Any, ...] | None = None
     refusal: str = ""
+    #: With ``allowed``: a value outside it in a config file or on the command line is accepted,
+    #: kept at the default and reported in the startup warning instead of being fatal (a stock
+    #: redis.conf says ``daemonize yes`` and ``databases 16``); CONFIG SET still refuses it.
+    lenient: bool = False
 
     def initial(self) -> Any:
         """The default value (computing it when it is :class:`Computed`)."""

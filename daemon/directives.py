@@ -22,6 +22,7 @@ from .config_kinds import (
     Directive,
     Directory,
     Enum,
+    Inapplicable,
     Int,
     Memory,
     OutputBufferLimits,
@@ -29,7 +30,9 @@ from .config_kinds import (
     String,
 )
 
-__all__ = ["DIRECTIVES"]
+from .redis_directives import REDIS_DIRECTIVES
+
+__all__ = ["ALL_DIRECTIVES", "DIRECTIVES", "REDIS_ONLY"]
 
 _NO_PERSISTENCE = "persistence is not supported"
 
@@ -207,8 +210,9 @@ DIRECTIVES: tuple[Directive, ...] = (
     # --- Redis compatibility: accepted so that Redis tools and configs work ---
     Directive(
         name="databases", kind=Int(), default=1, minimum=1, maximum=INT_MAX, mutable=False,
-        allowed=(1,), refusal="only one database (db 0) is supported",
-        doc="Number of databases. pfxcached has only db 0, so only 1 is accepted.",
+        allowed=(1,), refusal="only one database (db 0) is supported", lenient=True,
+        doc="Number of databases. pfxcached has only db 0: another value in a config file is "
+        "ignored with a warning at startup.",
     ),
     Directive(
         name="save", kind=Save(), default="", allowed=("",), refusal=_NO_PERSISTENCE,
@@ -221,8 +225,24 @@ DIRECTIVES: tuple[Directive, ...] = (
     ),
     Directive(
         name="daemonize", kind=Bool(), default=False, mutable=False, allowed=(False,),
-        refusal="pfxcached always runs in the foreground (use systemd, a container or nohup)",
-        doc="Redis's run-in-the-background switch. pfxcached always runs in the foreground, "
-        "so only no is accepted.",
+        refusal="pfxcached always runs in the foreground (use systemd, a container or nohup)", lenient=True,
+        doc="Redis's run-in-the-background switch. pfxcached always runs in the foreground: yes "
+        "in a config file is ignored with a warning at startup.",
     ),
 )
+
+_OURS = {name for d in DIRECTIVES for name in (d.name, *d.aliases)}
+
+#: Every other directive of redis-server 7.0.15: accepted from redis.conf, shown by CONFIG GET,
+#: no effect (reported once at startup when a config sets it).
+REDIS_ONLY: tuple[Directive, ...] = tuple(
+    Directive(
+        name=name, kind=Inapplicable(), default=default, mutable=False,
+        doc="A redis-server directive with no use in pfxcached: accepted so a redis.conf works, no effect.",
+    )
+    for name, default in REDIS_DIRECTIVES.items()
+    if name not in _OURS
+)
+
+#: What the daemon's configuration holds: pfxcached's own rows, then the redis-server-only ones.
+ALL_DIRECTIVES = DIRECTIVES + REDIS_ONLY

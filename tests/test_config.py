@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from pfxcache.daemon.config import (
+    ALL_DIRECTIVES,
     DIRECTIVES,
+    REDIS_ONLY,
     REWRITE_SIGNATURE,
     Bool,
     Computed,
@@ -200,7 +202,11 @@ def test_defaults():
     config = Config()
     values = config.as_dict()
     assert values.pop("dir") == os.getcwd()
+    redis_only = {d.name: values.pop(d.name) for d in REDIS_ONLY}
     assert values == EXPECTED_DEFAULTS
+    # The redis-server-only directives show what a stock redis-server 7.0.15 shows.
+    assert redis_only["appendfsync"] == "everysec" and redis_only["maxmemory-samples"] == "5"
+    assert len(redis_only) > 100
     assert config["port"] == 6390 and isinstance(config["port"], int)
     assert config["protected-mode"] is True
     assert config["PORT"] == 6390  # names are case-insensitive
@@ -375,10 +381,28 @@ FILE_ERRORS = [
 FILE_REFUSALS = [
     ("save 3600 1", "persistence is not supported"),
     ("appendonly yes", "persistence is not supported"),
-    ("daemonize yes", "pfxcached always runs in the foreground (use systemd, a container or nohup)"),
-    ("databases 16", "only one database (db 0) is supported"),
     ("loglevel foo", "argument(s) must be one of the following: debug, verbose, notice, warning, nothing"),
 ]
+
+
+def test_a_stock_redis_conf_is_accepted_and_what_does_not_apply_is_listed(tmp_path):
+    path = write(tmp_path, "daemonize yes\ndatabases 16\nappendfsync always\nport 7000\n"
+                           "lazyfree-lazy-eviction yes\nsave \"\"\nappendfsync no\n")
+    config = Config()
+    config.load_file(path)
+    config.apply_args(["--maxmemory-samples", "10"])
+    assert config["port"] == 7000
+    # Values pfxcached cannot honour stay at what it does; the others are kept for CONFIG GET.
+    assert config["daemonize"] is False and config["databases"] == 1
+    assert config.get([b"appendfsync", b"maxmemory-samples"]) == {"appendfsync": "no", "maxmemory-samples": "10"}
+    assert config.ignored == [
+        "daemonize yes (pfxcached always runs in the foreground (use systemd, a container or nohup))",
+        "databases 16 (only one database (db 0) is supported)",
+        "appendfsync", "lazyfree-lazy-eviction", "maxmemory-samples",
+    ]
+    # At runtime they are refused, not silently dropped.
+    assert our_error(config.set, [(b"appendfsync", b"always")]).message.endswith("can't set immutable config")
+    assert our_error(config.set, [(b"databases", b"16")]).message.endswith("can't set immutable config")
 
 
 @pytest.mark.parametrize("line, reason", FILE_ERRORS + FILE_REFUSALS)
@@ -501,14 +525,14 @@ def test_get():
         "bind": "127.0.0.1", "protected-mode": "yes", "loglevel": "notice",
     }
     assert config.get([b"proto-max-bulk-len"]) == {"proto-max-bulk-len": "536870912"}
-    assert config.get([b"*max*"]) == {
+    assert {k: v for k, v in config.get([b"*max*"]).items() if config.lookup(k) in DIRECTIVES} == {
         "maxclients": "10000", "proto-max-bulk-len": "536870912", "maxmemory": "268435456",
         "maxmemory-policy": "hybrid", "prompt-max-tokens": "1048576",
     }
     assert config.get([b"TCP-*", b"*backlog"]) == {"tcp-backlog": "511", "tcp-keepalive": "300"}
     assert config.get([b"nosuch", b"no*such", b""]) == {}
     assert config.get([]) == {}
-    assert set(config.get([b"*"])) == {d.name for d in DIRECTIVES}
+    assert set(config.get([b"*"])) == {d.name for d in ALL_DIRECTIVES}
     config.set([(b"bind", b"127.0.0.1 ::1")])
     assert config.get(["bind"]) == {"bind": "127.0.0.1 ::1"}
 
@@ -518,7 +542,7 @@ def test_get():
     "pattern", ["*", "p?rt", "[pt]ort", "PORT", "*max*", "*-*-*", "[^a-z]*", "\\port", "po[", "t*", "*E*T", "[a-d]*"]
 )
 def test_get_globs_match_redis(redis, pattern):
-    names = {d.name for d in DIRECTIVES}
+    names = {d.name for d in ALL_DIRECTIVES}
     redis_names = set(redis.config_get("*"))
     theirs = {k for k in redis.config_get(pattern) if k.lower() in names}
     # Our own directives (page-size, shards ...) have no Redis counterpart to compare with.
@@ -827,9 +851,9 @@ def test_rewrite_comments_out_unknown_lines(tmp_path):
     path = write(tmp_path, "port 7000\n")
     config = Config()
     config.load_file(path)
-    Path(path).write_text("port 7000\nlazyfree-lazy-eviction yes\nbind \"oops\n")  # edited while running
+    Path(path).write_text("port 7000\nno-such-directive yes\nbind \"oops\n")  # edited while running
     config.rewrite()
-    assert Path(path).read_text() == "port 7000\n# ??? lazyfree-lazy-eviction yes\n# ??? bind \"oops\n"
+    assert Path(path).read_text() == "port 7000\n# ??? no-such-directive yes\n# ??? bind \"oops\n"
 
 
 def test_rewrite_to_a_new_path_and_aliases(tmp_path):
