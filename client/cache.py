@@ -21,6 +21,8 @@ client, a single-connection client on that client's pool.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any, Self
 
 import redis
@@ -28,7 +30,7 @@ import redis.asyncio
 from redis.client import NEVER_DECODE
 
 from .core import CacheCore, Steps
-from .errors import translate
+from .errors import PrefixCacheError, translate
 from .replies import Allocation, EvictResult, Info, Match, StoreResult
 
 
@@ -42,10 +44,17 @@ class PrefixCache(CacheCore):
     Not thread-safe beyond what the single connection serialises.
     """
 
-    def __init__(self, client: redis.Redis, *, attach: bool | None = None, _owned: bool = False) -> None:
+    def __init__(self, client: redis.Redis | str, *, attach: bool | None = None, _owned: bool = False) -> None:
+        if isinstance(client, str):
+            client, _owned = self._connect(client), True
         if not isinstance(client, redis.Redis):
-            raise TypeError("PrefixCache needs a redis.Redis (use AsyncPrefixCache for redis.asyncio)")
+            raise TypeError(f"PrefixCache needs a redis.Redis or a redis:// URL, got {type(client).__name__} "
+                            "(PrefixCache.from_url(url, **redis_kwargs) takes connection options; "
+                            "use AsyncPrefixCache for redis.asyncio)")
         super().__init__(attach)
+        # Held while a command is on the wire: a result finalised meanwhile (by the GC, maybe in
+        # another thread) queues its lease instead of writing into the middle of an exchange.
+        self._io = threading.Lock()
         self._owned = _owned
         self._derived = False
         if client.connection is None:
@@ -57,10 +66,17 @@ class PrefixCache(CacheCore):
 
     @classmethod
     def from_url(cls, url: str, *, attach: bool | None = None, **kwargs: Any) -> PrefixCache:
-        """Connect to ``redis://host:port/0`` (RESP3 unless ``?protocol=2`` or protocol=2 is given)."""
+        """Connect to ``redis://host:port/0`` (RESP3 unless ``?protocol=2`` or protocol=2 is given).
+
+        ``PrefixCache(url)`` does the same with no connection options.
+        """
+        return cls(cls._connect(url, **kwargs), attach=attach, _owned=True)
+
+    @staticmethod
+    def _connect(url: str, **kwargs: Any) -> redis.Redis:
         kwargs.setdefault("protocol", 3)
         kwargs["single_connection_client"] = True
-        return cls(redis.Redis.from_url(url, **kwargs), attach=attach, _owned=True)
+        return redis.Redis.from_url(url, **kwargs)
 
     # -- plumbing ----------------------------------------------------------------------------------
 
@@ -73,17 +89,39 @@ class PrefixCache(CacheCore):
 
     def _run(self, steps: Steps) -> Any:
         """Carry an operation's steps out, one blocking round trip per request (see .core)."""
-        try:
-            request = next(steps)
-            while True:
-                try:
-                    result = request.decode(self._execute(*request.args))
-                except BaseException as exc:
-                    request = steps.throw(exc)
-                else:
-                    request = steps.send(result)
-        except StopIteration as done:
-            return done.value
+        with self._io:
+            self._release_dropped()
+            try:
+                request = next(steps)
+                while True:
+                    try:
+                        result = request.decode(self._execute(*request.args))
+                    except BaseException as exc:
+                        request = steps.throw(exc)
+                    else:
+                        request = steps.send(result)
+            except StopIteration as done:
+                return done.value
+
+    def _release_dropped(self) -> None:
+        request = self._dropped_request()
+        if request is not None:
+            try:
+                self._execute(*request.args)
+            except PrefixCacheError:
+                pass  # the daemon refused: nothing of the caller's operation depends on it
+
+    def _lease_dropped(self, lease: int) -> bool:
+        """A result with ``lease`` was garbage-collected unreleased: release it now if the connection is free."""
+        if self._closed:
+            return False  # the connection closed: the daemon ended the lease with it
+        self._dropped.append(lease)
+        if self._io.acquire(blocking=False):
+            try:
+                self._release_dropped()
+            finally:
+                self._io.release()
+        return True
 
     def attach(self) -> Any:
         """Map the daemon's arena now (if not yet) and return the view; AttachError says why not."""
@@ -168,6 +206,7 @@ class PrefixCache(CacheCore):
         client (it is the caller's); the connection taken from a pooled client's pool
         is disconnected and given back.
         """
+        self._closed = True
         self._release_arena()
         if self._owned:
             self._client.close()
@@ -195,10 +234,17 @@ class AsyncPrefixCache(CacheCore):
 
     _is_async = True
 
-    def __init__(self, client: redis.asyncio.Redis, *, attach: bool | None = None, _owned: bool = False) -> None:
+    def __init__(self, client: redis.asyncio.Redis | str, *, attach: bool | None = None,
+                 _owned: bool = False) -> None:
+        if isinstance(client, str):
+            client, _owned = self._connect(client), True
         if not isinstance(client, redis.asyncio.Redis):
-            raise TypeError("AsyncPrefixCache needs a redis.asyncio.Redis (use PrefixCache for redis.Redis)")
+            raise TypeError(f"AsyncPrefixCache needs a redis.asyncio.Redis or a redis:// URL, got "
+                            f"{type(client).__name__} (AsyncPrefixCache.from_url(url, **redis_kwargs) takes "
+                            "connection options; use PrefixCache for redis.Redis)")
         super().__init__(attach)
+        self._loop: asyncio.AbstractEventLoop | None = None  # where releases of dropped results run
+        self._release_tasks: set[asyncio.Task] = set()
         self._owned = _owned
         self._derived = False
         if not client.single_connection_client:
@@ -209,10 +255,17 @@ class AsyncPrefixCache(CacheCore):
 
     @classmethod
     def from_url(cls, url: str, *, attach: bool | None = None, **kwargs: Any) -> AsyncPrefixCache:
-        """Connect to ``redis://host:port/0`` (RESP3 unless ``?protocol=2`` or protocol=2 is given)."""
+        """Connect to ``redis://host:port/0`` (RESP3 unless ``?protocol=2`` or protocol=2 is given).
+
+        ``AsyncPrefixCache(url)`` does the same with no connection options.
+        """
+        return cls(cls._connect(url, **kwargs), attach=attach, _owned=True)
+
+    @staticmethod
+    def _connect(url: str, **kwargs: Any) -> redis.asyncio.Redis:
         kwargs.setdefault("protocol", 3)
         kwargs["single_connection_client"] = True
-        return cls(redis.asyncio.Redis.from_url(url, **kwargs), attach=attach, _owned=True)
+        return redis.asyncio.Redis.from_url(url, **kwargs)
 
     async def _execute(self, *args: Any) -> Any:
         try:
@@ -222,6 +275,8 @@ class AsyncPrefixCache(CacheCore):
 
     async def _run(self, steps: Steps) -> Any:
         """Carry an operation's steps out, one awaited round trip per request (see .core)."""
+        self._loop = asyncio.get_running_loop()
+        await self._release_dropped()
         try:
             request = next(steps)
             while True:
@@ -233,6 +288,36 @@ class AsyncPrefixCache(CacheCore):
                     request = steps.send(result)
         except StopIteration as done:
             return done.value
+
+    async def _release_dropped(self) -> None:
+        request = self._dropped_request()
+        if request is not None:
+            try:
+                await self._execute(*request.args)
+            except PrefixCacheError:
+                pass  # the daemon refused: nothing of the caller's operation depends on it
+
+    def _lease_dropped(self, lease: int) -> bool:
+        """A result with ``lease`` was garbage-collected unreleased: release it from a task on the cache's loop."""
+        if self._closed:
+            return False  # the connection closed: the daemon ended the lease with it
+        self._dropped.append(lease)
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._start_release_task)
+        return True
+
+    def _start_release_task(self) -> None:
+        if self._dropped and not self._closed:
+            task = asyncio.ensure_future(self._release_dropped_quietly())
+            self._release_tasks.add(task)  # a task only weakly referenced by the loop could vanish
+            task.add_done_callback(self._release_tasks.discard)
+
+    async def _release_dropped_quietly(self) -> None:
+        try:
+            await self._release_dropped()
+        except Exception:
+            pass  # e.g. the connection is gone, which ended the lease anyway
 
     async def attach(self) -> Any:
         """Map the daemon's arena now (if not yet) and return the view; AttachError says why not."""
@@ -284,6 +369,7 @@ class AsyncPrefixCache(CacheCore):
 
     async def aclose(self) -> None:
         """Unmap the arena and close this cache's connection (see PrefixCache.close)."""
+        self._closed = True
         self._release_arena()
         if self._owned:
             await self._client.aclose()

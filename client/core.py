@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import weakref
+from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any, NamedTuple
 
@@ -94,6 +96,12 @@ class CacheCore:
         self._attach_tried = attach is False
         self._attach_error: str | None = "attach=False" if attach is False else None
         self._geometry: Info | None = None
+        self._closed = False
+        # Leases of results garbage-collected unreleased (see replies._Leased), released by the
+        # front end as soon as the connection is free. A deque: appends may come from any thread.
+        self._dropped: deque[int] = deque()
+        # lease id -> the result holding it, so release(id) marks the result released too.
+        self._results: weakref.WeakValueDictionary[int, _Leased] = weakref.WeakValueDictionary()
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -142,6 +150,22 @@ class CacheCore:
                 raise
         return self._arena
 
+    def _leased(self, result: _Leased) -> _Leased:
+        """Remember a result that holds a lease (its release by id then marks it too)."""
+        if result.lease:
+            self._results[result.lease] = result
+        return result
+
+    def _dropped_request(self) -> Request | None:
+        """The PFXRELEASE of the leases of dropped results, taking them off the queue (None if none)."""
+        ids = []
+        while self._dropped:
+            ids.append(self._dropped.popleft())
+        return Request(commands.pfxrelease(ids), replies.released) if ids else None
+
+    def _lease_dropped(self, lease: int) -> bool:  # each front end releases it its own way; False: closed
+        raise NotImplementedError
+
     def _release_arena(self) -> None:
         if self._arena is not None:
             self._arena.close()
@@ -171,7 +195,7 @@ class CacheCore:
             with_data = (yield from self._ensure_attached_steps()) is None
 
         def decode(reply: Any) -> Match:
-            return replies.match(reply, self.release, is_async=self._is_async)
+            return self._leased(replies.match(reply, self.release, self._is_async, self._lease_dropped))
 
         match = yield Request(commands.pfxget(key, packed, lease=lease, ttl_ms=ttl_ms, with_data=with_data), decode)
         if with_data:
@@ -184,7 +208,7 @@ class CacheCore:
 
     def _alloc_steps(self, key: Any, n: int, ttl_ms: int | None) -> Steps:
         def decode(reply: Any) -> Allocation:
-            return replies.allocation(reply, self.release, is_async=self._is_async)
+            return self._leased(replies.allocation(reply, self.release, self._is_async, self._lease_dropped))
 
         return (yield Request(commands.pfxalloc(key, n, ttl_ms), decode))
 
@@ -209,6 +233,10 @@ class CacheCore:
         ids, results = _lease_ids(leases)
         for result in results:
             result._released = True
+        for lease in ids:
+            result = self._results.pop(lease, None) if isinstance(lease, int) else None
+            if result is not None:
+                result._released = True  # released by id: its finaliser must not release it again
         if not ids:
             return 0
         return (yield Request(commands.pfxrelease(ids), replies.released))

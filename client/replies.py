@@ -9,6 +9,7 @@ a text codec) and are returned as ``str``.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,10 +42,17 @@ def _blocks(value: Any) -> list[int]:
 
 
 class _Leased:
-    """Mixin for results that may hold a lease: releasable once, usable as a (async) context manager."""
+    """Mixin for results that may hold a lease: releasable once, usable as a (async) context manager.
+
+    A result dropped with its lease unreleased hands the lease to its cache's
+    ``_dropped`` callback when it is garbage collected (the cache releases it
+    as soon as its connection is free) and warns with a ResourceWarning, as
+    an unclosed file does.
+    """
 
     lease: int
     _release: Callable[[int], Any] | None
+    _dropped: Callable[[int], bool] | None
     _async: bool
     _released: bool
 
@@ -64,6 +72,19 @@ class _Leased:
         if done:
             return _zero() if self._async else 0
         return self._release(self.lease)
+
+    def __del__(self) -> None:
+        if self._released or not self.lease or self._dropped is None:
+            return
+        self._released = True
+        try:
+            # Released first: a warnings filter set to "error" must not keep the lease.
+            if not self._dropped(self.lease):
+                return  # its cache was closed, which ended the lease
+            warnings.warn(f"{type(self).__name__} with lease {self.lease} was never released: released now "
+                          "(use 'with' or release())", ResourceWarning, source=self)
+        except Exception:
+            pass  # never raise from a finaliser (interpreter shutdown, warnings as errors)
 
     def __enter__(self):
         if self._async:
@@ -105,6 +126,7 @@ class Match(_Leased):
     via: str | None = None
     # Private bookkeeping: keyword-only (after the public fields), out of repr and ==.
     _release: Callable[[int], Any] | None = field(default=None, repr=False, compare=False, kw_only=True)
+    _dropped: Callable[[int], bool] | None = field(default=None, repr=False, compare=False, kw_only=True)
     _async: bool = field(default=False, repr=False, compare=False, kw_only=True)
     _released: bool = field(default=False, repr=False, compare=False, kw_only=True)
 
@@ -135,6 +157,7 @@ class Allocation(_Leased):
     blocks: list[int]
     # Private bookkeeping: keyword-only (after the public fields), out of repr and ==.
     _release: Callable[[int], Any] | None = field(default=None, repr=False, compare=False, kw_only=True)
+    _dropped: Callable[[int], bool] | None = field(default=None, repr=False, compare=False, kw_only=True)
     _async: bool = field(default=False, repr=False, compare=False, kw_only=True)
     _released: bool = field(default=False, repr=False, compare=False, kw_only=True)
 
@@ -182,7 +205,8 @@ class Info:
 # -- decoders ----------------------------------------------------------------------------------------
 
 
-def match(reply: Any, release: Callable[[int], Any] | None = None, is_async: bool = False) -> Match:
+def match(reply: Any, release: Callable[[int], Any] | None = None, is_async: bool = False,
+          dropped: Callable[[int], bool] | None = None) -> Match:
     fields = as_map(reply)
     data = fields.get("data")
     return Match(
@@ -191,6 +215,7 @@ def match(reply: Any, release: Callable[[int], Any] | None = None, is_async: boo
         blocks=_blocks(fields["blocks"]),
         data=bytes(data) if data is not None and not isinstance(data, bytes) else data,
         _release=release,
+        _dropped=dropped,
         _async=is_async,
     )
 
@@ -200,10 +225,11 @@ def store_result(reply: Any, via: str = "resp") -> StoreResult:
     return StoreResult(int(fields["stored"]), int(fields["existing"]), _blocks(fields["blocks"]), via)
 
 
-def allocation(reply: Any, release: Callable[[int], Any] | None = None, is_async: bool = False) -> Allocation:
+def allocation(reply: Any, release: Callable[[int], Any] | None = None, is_async: bool = False,
+               dropped: Callable[[int], bool] | None = None) -> Allocation:
     fields = as_map(reply)
     return Allocation(lease=int(fields["lease"]), blocks=_blocks(fields["blocks"]), _release=release,
-                      _async=is_async)
+                      _dropped=dropped, _async=is_async)
 
 
 def evict_result(reply: Any) -> EvictResult:
