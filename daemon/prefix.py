@@ -3,22 +3,30 @@
 The store core (:mod:`pfxcache.daemon.store`) is synchronous and knows nothing
 of trio. This module adds what a concurrent server needs around it.
 
+Every operation a command runs is one method here (:meth:`PrefixService.lookup`,
+:meth:`~PrefixService.insert`, :meth:`~PrefixService.alloc`,
+:meth:`~PrefixService.release`, :meth:`~PrefixService.evict`); the command
+handlers parse arguments and shape replies, and never see a lock or a shard.
+
 Locks and awaits — exactly which operation holds which lock across which await:
 
 * Store calls themselves never await: each runs to completion on the event
   loop, so the store's structures are always consistent between awaits.
-* ``PFXSET ... DATA`` holds the **write lock of its shard** from
-  ``begin_insert`` (blocks allocated, the cached prefix pinned) across the
-  await that copies DATA into the arena (in a worker thread when the data is
-  large, so the loop keeps serving) until ``commit_insert``. Why: a reader of
-  the same shard then waits for the insert to land instead of missing pages a
-  moment before they exist (and recomputing them), and two writers of the same
-  prefix do not both copy the same pages. If the task is cancelled during the
-  copy, ``abort_insert`` returns every block in ``finally``.
-* ``PFXGET`` holds the **read lock of its shard** for the match only — no
-  await inside. With WITHDATA the copy out of the arena happens after the lock
-  is released, under the lease's pin (a temporary lease with NOLEASE), which is
-  what keeps those blocks from being evicted or reused meanwhile.
+* :meth:`~PrefixService.insert` with DATA holds the **write lock of its
+  shard** from ``begin_insert`` (blocks allocated, the cached prefix pinned)
+  across the await that copies DATA into the arena (in a worker thread when
+  the data is large, so the loop keeps serving) until ``commit_insert``. Why:
+  a reader of the same shard then waits for the insert to land instead of
+  missing pages a moment before they exist (and recomputing them), and two
+  writers of the same prefix do not both copy the same pages. If the task is
+  cancelled during the copy, ``abort_insert`` returns every block in
+  ``finally``. With BLOCKS (written by the worker already) there is no copy,
+  and the lock is held for the synchronous begin/commit only.
+* :meth:`~PrefixService.lookup` holds the **read lock of its shard** for the
+  match only — no await inside. With ``with_data`` the copy out of the arena
+  happens after the lock is released, under the lease's pin (a temporary
+  lease when no lease was asked for), which is what keeps those blocks from
+  being evicted or reused meanwhile.
 * Evictions (``PFXEVICT``, allocation-triggered, the low-watermark task), lease
   expiry and releases take no lock: they are synchronous, and they only touch
   unpinned, fully linked leaves, never the pinned prefix or the fresh blocks of
@@ -31,18 +39,29 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
 from .rwlock import RWLock
 from .store import PrefixStore
 from .store.arena import MemoryArena, ShmArena
+from .store.errors import BadRequest
+from .store.results import AllocResult, EvictResult, InsertResult
 
 log = logging.getLogger("pfxcached")
 
 #: Copies at least this large go to a worker thread instead of blocking the loop.
 THREAD_COPY_THRESHOLD = 1 << 20
+
+
+class Lookup(NamedTuple):
+    """What :meth:`PrefixService.lookup` found."""
+
+    matched_tokens: int
+    lease_id: int  # 0: no lease (not asked for, or nothing matched)
+    blocks: list[int]  # one block id per matched page, in order
+    data: bytes | None  # the matched blocks' bytes, when asked for
 
 
 class PrefixService:
@@ -102,6 +121,110 @@ class PrefixService:
         low = self.arena.nblocks * self.config["evict-low-watermark"] // 100
         if low:
             self.store.evict_to_watermark(low)
+
+    # -- the operations commands run -------------------------------------------------
+
+    @property
+    def max_alloc(self) -> int:
+        """The most blocks one :meth:`alloc` may ask for."""
+        return self.store.max_alloc
+
+    async def lookup(
+        self,
+        namespace: bytes,
+        tokens: bytes,
+        *,
+        owner: int,
+        lease: bool = True,
+        ttl_ms: int | None = None,
+        with_data: bool = False,
+    ) -> Lookup:
+        """PFXGET: the longest cached prefix of ``tokens``, leased to ``owner`` unless ``lease`` is False.
+
+        With ``with_data`` the matched blocks' bytes are copied out too.
+        """
+        lock = self.locks[self.store.shard_of(namespace, tokens)]
+        async with lock.read():
+            # with_data pins the pages while their bytes are copied out, with no deadline:
+            # lease expiry must not free (and reuse) blocks under the copy. The lease the
+            # caller asked for gets its TTL once the copy is done.
+            result = self.store.match(namespace, tokens, lease=lease or with_data,
+                                      ttl_ms=0 if with_data else ttl_ms, owner=owner)
+        data = None
+        if with_data:
+            try:
+                data = await self.copy_out(result.blocks)
+            finally:
+                if result.lease_id:
+                    if lease:
+                        self.store.renew(result.lease_id, owner, ttl_ms)
+                    else:
+                        self.store.release([result.lease_id], owner)
+        return Lookup(result.matched_tokens, result.lease_id if lease else 0, result.blocks, data)
+
+    async def insert(
+        self,
+        namespace: bytes,
+        tokens: bytes,
+        *,
+        owner: int,
+        offset: int = 0,
+        data: Any = None,
+        blocks: list[int] | None = None,
+    ) -> InsertResult:
+        """PFXSET: cache the pages of ``tokens`` from page ``offset`` on.
+
+        Their KV data is either ``data`` (copied into fresh blocks) or already in
+        ``blocks`` (written by the worker into blocks it got from PFXALLOC).
+        Raises a StoreError, changing nothing, for a refused insert.
+        """
+        if data is not None:
+            expected = self.store.data_size(tokens, offset)
+            if len(data) != expected:
+                raise BadRequest(
+                    f"DATA is {len(data)} bytes, expected {expected} "
+                    f"(pages from OFFSET {offset} x block-bytes {self.arena.block_bytes})"
+                )
+        lock = self.locks[self.store.shard_of(namespace, tokens)]
+        async with lock.write():
+            plan = self.store.begin_insert(namespace, tokens, offset=offset, owner=owner, blocks=blocks)
+            committed = False
+            try:
+                if data is not None and plan.copy_needed:
+                    await self.copy_in(plan.new_blocks, plan.new_data(data))
+                result = self.store.commit_insert(plan)
+                committed = True
+            finally:
+                if not committed:
+                    self.store.abort_insert(plan)
+        return result
+
+    def alloc(self, namespace: bytes, count: int, *, owner: int, ttl_ms: int | None = None) -> AllocResult:
+        """PFXALLOC: ``count`` fresh blocks leased to ``owner``, for a worker to write into."""
+        return self.store.alloc(namespace, count, ttl_ms=ttl_ms, owner=owner)
+
+    def release(self, lease_ids: list[int], owner: int) -> int:
+        """PFXRELEASE: end the leases of ``owner`` among ``lease_ids``; how many ended."""
+        return self.store.release(lease_ids, owner)
+
+    def evict(
+        self,
+        namespace: bytes,
+        *,
+        prefix: bytes | None = None,
+        pages: int | None = None,
+        nbytes: int | None = None,
+    ) -> EvictResult:
+        """PFXEVICT: the pages of ``prefix``, ``pages`` pages, ``nbytes`` bytes, or (none given) all."""
+        if prefix is not None:
+            return self.store.evict_prefix(namespace, prefix)
+        if pages is not None:
+            return self.store.evict_pages(namespace, pages)
+        if nbytes is not None:
+            return self.store.evict_bytes(namespace, nbytes)
+        return self.store.evict_all(namespace)
+
+    # -- copies between requests and the arena ----------------------------------------
 
     async def copy_in(self, blocks: list[int], data: Any) -> None:
         """Copy ``data`` into ``blocks`` of the arena, off the loop when it is large."""

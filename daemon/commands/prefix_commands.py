@@ -124,8 +124,6 @@ def _prompt(ctx: Context, argv: list[bytes]) -> tuple[bytes, bytes, int]:
 
 @handles("pfxget")
 async def pfxget(ctx: Context, argv: list[bytes]) -> Any:
-    service = _service(ctx)
-    store = service.store
     try:
         namespace, tokens, position = _prompt(ctx, argv)
         lease, ttl_ms, with_data = True, None, False
@@ -144,31 +142,16 @@ async def pfxget(ctx: Context, argv: list[bytes]) -> Any:
                 raise ArgumentError(f"ERR unknown option '{_show(argv[position])}' for 'pfxget'")
     except ArgumentError as exc:
         return Error(str(exc))
-    owner = ctx.client.id
-    lock = service.locks[store.shard_of(namespace, tokens)]
-    async with lock.read():
-        # WITHDATA pins the pages while their bytes are copied out, with no deadline:
-        # lease expiry must not free (and reuse) blocks under the copy. The lease the
-        # caller asked for gets its TTL once the copy is done.
-        result = store.match(namespace, tokens, lease=lease or with_data, ttl_ms=0 if with_data else ttl_ms,
-                             owner=owner)
-    reply = {"matched": result.matched_tokens, "lease": result.lease_id if lease else 0, "blocks": _ids(result.blocks)}
+    found = await _service(ctx).lookup(namespace, tokens, owner=ctx.client.id, lease=lease, ttl_ms=ttl_ms,
+                                       with_data=with_data)
+    reply = {"matched": found.matched_tokens, "lease": found.lease_id, "blocks": _ids(found.blocks)}
     if with_data:
-        try:
-            reply["data"] = await service.copy_out(result.blocks)
-        finally:
-            if result.lease_id:
-                if lease:
-                    store.renew(result.lease_id, owner, ttl_ms)
-                else:
-                    store.release([result.lease_id], owner)
+        reply["data"] = found.data
     return reply
 
 
 @handles("pfxset")
 async def pfxset(ctx: Context, argv: list[bytes]) -> Any:
-    service = _service(ctx)
-    store = service.store
     try:
         namespace, tokens, position = _prompt(ctx, argv)
         offset, data, blocks = 0, None, None
@@ -190,48 +173,28 @@ async def pfxset(ctx: Context, argv: list[bytes]) -> Any:
                 raise ArgumentError(f"ERR unknown or repeated option '{_show(argv[position])}' for 'pfxset'")
         if data is None and blocks is None:
             raise ArgumentError("ERR PFXSET needs DATA blob or BLOCKS id ...")
-        if data is not None:
-            expected = store.data_size(tokens, offset)
-            if len(data) != expected:
-                raise ArgumentError(
-                    f"ERR DATA is {len(data)} bytes, expected {expected} "
-                    f"(pages from OFFSET {offset} x block-bytes {service.arena.block_bytes})"
-                )
     except ArgumentError as exc:
         return Error(str(exc))
+    try:
+        result = await _service(ctx).insert(namespace, tokens, owner=ctx.client.id, offset=offset, data=data,
+                                            blocks=blocks)
     except StoreError as exc:
         return _store_error(exc)
-    owner = ctx.client.id
-    lock = service.locks[store.shard_of(namespace, tokens)]
-    async with lock.write():
-        try:
-            plan = store.begin_insert(namespace, tokens, offset=offset, owner=owner, blocks=blocks)
-        except StoreError as exc:
-            return _store_error(exc)
-        committed = False
-        try:
-            if data is not None and plan.copy_needed:
-                await service.copy_in(plan.new_blocks, plan.new_data(data))
-            result = store.commit_insert(plan)
-            committed = True
-        finally:
-            if not committed:
-                store.abort_insert(plan)
     return {"stored": result.stored, "existing": result.existing, "blocks": _ids(result.blocks)}
 
 
 @handles("pfxalloc")
 def pfxalloc(ctx: Context, argv: list[bytes]) -> Any:
-    store = _service(ctx).store
+    service = _service(ctx)
     try:
         namespace = _namespace(argv[1])
-        count = _integer(argv[2], "the number of blocks", 1, store.max_alloc)
+        count = _integer(argv[2], "the number of blocks", 1, service.max_alloc)
         ttl_ms = None
         if len(argv) == 5 and argv[3].upper() == b"TTL":
             ttl_ms = _ttl(argv, 3)
         elif len(argv) != 3:
             raise ArgumentError("ERR syntax error, expected PFXALLOC key count [TTL ms]")
-        result = store.alloc(namespace, count, ttl_ms=ttl_ms, owner=ctx.client.id)
+        result = service.alloc(namespace, count, ttl_ms=ttl_ms, owner=ctx.client.id)
     except ArgumentError as exc:
         return Error(str(exc))
     except StoreError as exc:
@@ -245,12 +208,12 @@ def pfxrelease(ctx: Context, argv: list[bytes]) -> Any:
         leases = [_integer(raw, "lease id", 1, 2**63 - 1) for raw in argv[1:]]
     except ArgumentError as exc:
         return Error(str(exc))
-    return _service(ctx).store.release(leases, ctx.client.id)
+    return _service(ctx).release(leases, ctx.client.id)
 
 
 @handles("pfxevict")
 def pfxevict(ctx: Context, argv: list[bytes]) -> Any:
-    store = _service(ctx).store
+    service = _service(ctx)
     try:
         namespace = _namespace(argv[1])
         mode = argv[2].upper()
@@ -258,12 +221,15 @@ def pfxevict(ctx: Context, argv: list[bytes]) -> Any:
             tokens, position = parse_tokens(argv, 2, ctx.server.config["prompt-max-tokens"])
             if position != len(argv):
                 raise ArgumentError(f"ERR unexpected argument '{_show(argv[position])}' for 'pfxevict'")
-            result = store.evict_prefix(namespace, tokens)
+            result = service.evict(namespace, prefix=tokens)
         elif mode in (b"PAGES", b"BYTES") and len(argv) == 4:
             amount = _integer(argv[3], mode.decode(), 0, 2**63 - 1)
-            result = store.evict_pages(namespace, amount) if mode == b"PAGES" else store.evict_bytes(namespace, amount)
+            if mode == b"PAGES":
+                result = service.evict(namespace, pages=amount)
+            else:
+                result = service.evict(namespace, nbytes=amount)
         elif mode == b"ALL" and len(argv) == 3:
-            result = store.evict_all(namespace)
+            result = service.evict(namespace)
         else:
             raise ArgumentError("ERR syntax error, expected PFXEVICT key (TOKENS ...|PACKED blob|PAGES n|BYTES n|ALL)")
     except ArgumentError as exc:
@@ -284,6 +250,8 @@ def pfxinfo(ctx: Context, argv: list[bytes]) -> Any:
 @handles("pfxcheck")
 def pfxcheck(ctx: Context, argv: list[bytes]) -> Any:
     """Verify every invariant of the store (like Redis's DEBUG family): +OK or -ERR listing the violations."""
+    # The invariants are the store core's own (each part's check()), read with no lock:
+    # the check is synchronous, so it sees the store between two awaits, consistent.
     problems = _service(ctx).store.check()
     if not problems:
         return OK
