@@ -13,7 +13,7 @@ asyncio) that send them, :mod:`.errors` maps the daemon's errors to
 exceptions, :mod:`.arena` maps the daemon's shared-memory arena.
 """
 
-from .arena import ShmArenaView, open_arena
+from .arena import ShmArenaView, kv_buffer, open_arena
 from .cache import AsyncPrefixCache, PrefixCache
 from .commands import pack_tokens
 from .errors import AttachError, CacheFullError, NoPrefixError, PrefixCacheError
@@ -32,6 +32,7 @@ __all__ = [
     "PrefixCacheError",
     "ShmArenaView",
     "StoreResult",
+    "kv_buffer",
     "open_arena",
     "pack_tokens",
 ]

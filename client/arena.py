@@ -35,6 +35,44 @@ def _is_tensor(value: Any) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
+#: The alignment of the buffers :func:`kv_buffer` hands out: a memory page, which also covers
+#: every cache line and SIMD width. ``np.zeros`` buffers start 16 bytes past a 64-byte boundary,
+#: and a copy into those runs at well under half the speed of a copy into aligned ones.
+BUFFER_ALIGN = mmap.PAGESIZE
+
+
+def kv_buffer(shape: Any, dtype: Any = np.uint8, *, torch: bool = False, align: int = BUFFER_ALIGN) -> Any:
+    """A zeroed, C-contiguous array of ``shape`` and ``dtype`` whose data starts on an ``align`` boundary.
+
+    The buffer to give :meth:`ShmArenaView.read_into` and ``write_from``
+    (``kv_buffer((pages, block_bytes))``: one row per page): copies between it
+    and the arena then run at memcpy speed. ``torch=True``, or a torch
+    ``dtype`` (``torch.bfloat16`` ...), gives a CPU tensor over such memory.
+    """
+    shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
+    if align < 1 or align & (align - 1):
+        raise ValueError(f"the alignment must be a power of two, got {align}")
+    count = int(np.prod(shape, dtype=np.int64))
+    if _is_torch_dtype(dtype) or torch:
+        th = _torch()
+        tdtype = dtype if _is_torch_dtype(dtype) else th.from_numpy(np.empty(0, dtype)).dtype
+        raw = _aligned_bytes(count * th.empty((), dtype=tdtype).element_size(), align)
+        return th.from_numpy(raw).view(tdtype).reshape(shape)
+    np_dtype = np.dtype(dtype)
+    return _aligned_bytes(count * np_dtype.itemsize, align).view(np_dtype).reshape(shape)
+
+
+def _aligned_bytes(nbytes: int, align: int) -> np.ndarray:
+    raw = np.zeros(nbytes + align, np.uint8)  # calloc: pages are zeroed lazily, as np.zeros does
+    start = -raw.ctypes.data % align
+    return raw[start : start + nbytes]
+
+
+def _is_torch_dtype(dtype: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(dtype, torch.dtype)
+
+
 def writable_bytes(out: Any) -> np.ndarray:
     """A flat writable uint8 numpy view of ``out``'s memory (numpy array, CPU tensor, bytearray, memoryview)."""
     if _is_tensor(out):
@@ -94,6 +132,24 @@ def copy_to_output(out: Any, data: Any) -> None:
     if src.size > dest.size:
         raise ValueError(f"the output holds {dest.size} bytes, {src.size} are needed")
     dest[: src.size] = src
+
+
+def _runs(idx: np.ndarray) -> list[tuple[int, int, int]] | None:
+    """``(start, stop, first_block)`` of each run of consecutive ids, or None when runs are short.
+
+    A run is copied with one memcpy; ids in runs of fewer than 4 blocks on
+    average go to numpy's gather/scatter instead, whose per-block cost is
+    lower than a Python call per run.
+    """
+    if idx.size <= 1:
+        return [(0, idx.size, int(idx[0]))] if idx.size else []
+    breaks = np.flatnonzero(np.diff(idx) != 1) + 1
+    if len(breaks) + 1 > idx.size // 4:
+        return None
+    starts = [0, *breaks.tolist()]
+    stops = [*breaks.tolist(), idx.size]
+    firsts = idx[starts].tolist()
+    return list(zip(starts, stops, firsts))
 
 
 class ShmArenaView:
@@ -202,12 +258,13 @@ class ShmArenaView:
         if dest.size < n:
             raise ValueError(f"the output holds {dest.size} bytes, {len(idx)} blocks need {n}")
         dest2d = dest[:n].reshape(idx.size, self.block_bytes)
-        run = self._run(idx)
-        if run is not None:
-            dest2d[...] = arena[run]
-        else:
+        runs = _runs(idx)
+        if runs is None:
             # mode="clip": ids are already checked, and mode="raise" would buffer the output.
             np.take(arena, idx, axis=0, out=dest2d, mode="clip")
+        else:
+            for start, stop, first in runs:  # one memcpy per run of consecutive blocks
+                np.copyto(dest2d[start:stop], arena[first : first + stop - start])
         return n
 
     def write_from(self, ids: Any, src: Any) -> int:
@@ -223,8 +280,13 @@ class ShmArenaView:
         if data.size != n:
             raise ValueError(f"the source is {data.size} bytes, {len(idx)} blocks take {n}")
         if n:
-            run = self._run(idx)
-            arena[run if run is not None else idx] = data.reshape(idx.size, self.block_bytes)
+            data2d = data.reshape(idx.size, self.block_bytes)
+            runs = _runs(idx)
+            if runs is None:
+                arena[idx] = data2d
+            else:
+                for start, stop, first in runs:
+                    np.copyto(arena[first : first + stop - start], data2d[start:stop])
         return n
 
     # -- lifetime ----------------------------------------------------------------------------------

@@ -69,6 +69,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .arena import kv_buffer
 from .errors import CacheFullError
 
 __all__ = [
@@ -474,7 +475,10 @@ def generate_with_cache(model: Any, cache: Any, namespace: Any, input_ids: Any, 
             match = cache.lookup(namespace, ids[:usable], lease=True, ttl_ms=ttl_ms)
             reused = match.matched_tokens
         if reused:
-            buffer = torch.empty((reused // page, info.block_bytes), dtype=torch.uint8, device=device)
+            if torch.device(device).type == "cpu":  # page-aligned: the arena copy runs at memcpy speed
+                buffer = kv_buffer((reused // page, info.block_bytes), torch=True)
+            else:
+                buffer = torch.empty((reused // page, info.block_bytes), dtype=torch.uint8, device=device)
             if match.data is not None:
                 via = "resp"
                 data = torch.frombuffer(bytearray(match.data), dtype=torch.uint8)
