@@ -39,3 +39,15 @@ def test_generic_names_are_not_importable(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert result.stdout.strip() == "[True, True, True]", result.stderr
+
+
+def test_building_the_package_warns_about_nothing(tmp_path):
+    """scripts/setup stays quiet: the packaging itself draws no setuptools warning (license, packages, data)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Warning" not in result.stdout + result.stderr, result.stdout + result.stderr
