@@ -16,7 +16,7 @@ exceptions, :mod:`.arena` maps the daemon's shared-memory arena.
 from .arena import ShmArenaView, kv_buffer, open_arena
 from .cache import AsyncPrefixCache, PrefixCache
 from .commands import pack_tokens
-from .errors import AttachError, CacheFullError, NoPrefixError, PrefixCacheError
+from .errors import AttachError, CacheFullError, LeaseLostError, NoPrefixError, PrefixCacheError
 from .replies import Allocation, EvictResult, Info, Match, StoreResult
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "CacheFullError",
     "EvictResult",
     "Info",
+    "LeaseLostError",
     "Match",
     "NoPrefixError",
     "PrefixCache",

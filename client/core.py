@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from . import commands, replies
 from .arena import copy_to_output, nbytes_of, open_arena
-from .errors import AttachError
+from .errors import AttachError, LeaseLostError
 from .replies import Allocation, EvictResult, Info, Match, StoreResult, _Leased
 
 
@@ -254,7 +254,11 @@ class CacheCore:
                 if match.blocks:
                     arena.read_into(match.blocks, out)
             finally:
-                yield from self._release_steps((match,))
+                released = yield from self._release_steps((match,))
+            if match.lease and not released:
+                # The pin was gone before the copy ended: the blocks may hold other pages by now.
+                raise LeaseLostError(f"the lease of this lookup ended before its {len(match.blocks)} blocks were "
+                                     f"read (TTL passed or the connection was re-established): out is not trusted")
             match.via = arena.backend
             return match
         match = yield from self._lookup_steps(key, packed_tokens(packed), False, None, True)

@@ -46,6 +46,11 @@ class NoPrefixError(PrefixCacheError):
     code = "NOPREFIX"
 
 
+class LeaseLostError(PrefixCacheError):
+    """A lease an operation relied on was gone when it ended (its TTL passed, or the connection was
+    re-established and the daemon ended the old one's leases): the bytes it moved cannot be trusted."""
+
+
 class AttachError(RuntimeError):
     """The daemon's arena cannot be mapped into this process (another host, no file, no CUDA support...)."""
 

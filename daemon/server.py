@@ -416,8 +416,10 @@ class Server:
             finally:
                 self.clients.remove(client)
                 sock.close()
-                # Leases belong to their connection: a worker that dies frees its pins.
-                self.prefix.release_owner(client.id)
+                # Leases belong to their connection: a worker that dies frees its pins. Shielded:
+                # a killed client's scope is cancelled, and its leases must go all the same.
+                with trio.CancelScope(shield=True):
+                    await self.prefix.release_owner(client.id)
 
     async def _cron(self) -> None:
         """Periodic work, like Redis's serverCron: ops/sec samples, idle timeouts, memory peak."""
@@ -440,7 +442,10 @@ class Server:
             return
         now = time.monotonic()
         for client in self.clients:
-            if not client.busy and now - client.last_interaction > timeout:
+            # Like Redis sparing blocked clients: a connection holding leases may be a worker still
+            # computing with its blocks; closing it would hand them to others under its feet.
+            idle = not client.busy and now - client.last_interaction > timeout
+            if idle and not self.prefix.holds_leases(client.id):
                 log.log(15, "Closing idle client id=%d addr=%s", client.id, client.addr)
                 client.kill()
 

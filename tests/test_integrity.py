@@ -139,3 +139,127 @@ def test_arena_zero_clears_exactly_the_given_blocks_in_runs_or_scattered():
     for block in range(200):
         expected = bytes(8) if block in zeroed else (bytes(range(200)) * 8)[block * 8 : block * 8 + 8]
         assert arena.read([block]) == expected, block
+
+
+# -- item 3: a worker that stalls past its lease's TTL never touches blocks someone else holds ------
+
+PS3, BB3, NBLOCKS3 = 4, 64, 16
+STALL = ("--page-size", str(PS3), "--block-bytes", str(BB3), "--maxmemory", str(BB3 * NBLOCKS3),
+         "--evict-low-watermark", "0", "--hz", "100")
+
+
+def drive(cache, steps, until: str):
+    """Run an operation's steps (the client's own logic, see client/core.py) up to the reply of the
+    first ``until`` command; return (steps, that reply) so the caller can stall before resuming."""
+    request = next(steps)
+    while True:
+        reply = request.decode(cache._execute(*request.args))
+        if request.args[0] == until:
+            return steps, reply
+        request = steps.send(reply)
+
+
+def finish(cache, steps, reply):
+    """Resume stalled steps with the reply they waited for and run them to the end."""
+    try:
+        request = steps.send(reply)
+        while True:
+            try:
+                result = request.decode(cache._execute(*request.args))
+            except Exception as exc:
+                request = steps.throw(exc)
+            else:
+                request = steps.send(result)
+    except StopIteration as done:
+        return done.value
+
+
+def fill_arena(client: redis.Redis, namespace: str, byte: bytes) -> list[list[int]]:
+    """Store one-page sequences into every free block (no eviction); returns their token lists."""
+    free = client.execute_command("PFXINFO")[b"arena"][b"blocks-free"]
+    stored = []
+    for i in range(free):
+        tokens = [1000 + i, 1, 2, 3]
+        client.execute_command("PFXSET", namespace, "TOKENS", *tokens, "DATA", byte * BB3)
+        stored.append(tokens)
+    return stored
+
+
+def assert_pages_hold(client: redis.Redis, namespace: str, stored, byte: bytes) -> None:
+    for tokens in stored:
+        reply = client.execute_command("PFXGET", namespace, "TOKENS", *tokens, "WITHDATA", "NOLEASE")
+        assert reply[b"data"] == byte * BB3, (tokens, reply[b"data"][:16])
+
+
+def wait_expired(admin: redis.Redis) -> None:
+    wait_for(lambda: admin.execute_command("PFXINFO")[b"stats"][b"leases"] == 0, 10, "the lease to expire")
+
+
+def test_a_writer_stalled_past_its_ttl_never_corrupts_pages_handed_to_others(fresh_daemon):
+    import numpy as np
+
+    from pfxcache.client import PrefixCache, PrefixCacheError
+
+    daemon = fresh_daemon(*STALL)
+    url = f"redis://{daemon.host}:{daemon.port}/0"
+    writer = PrefixCache.from_url(url, attach=True)
+    admin = redis.Redis(host=daemon.host, port=daemon.port, protocol=3)
+    src = np.full(4 * BB3, ord("W"), dtype=np.uint8)
+    steps, allocation = drive(writer, writer._save_steps("w", list(range(16)), src, 0, 50), until="PFXALLOC")
+    wait_expired(admin)  # the writer stalls (GC pause, slow prefill, SIGSTOP) past its 50 ms
+    stored = fill_arena(admin, "other", b"o")  # someone else takes every block it can get
+    with pytest.raises(PrefixCacheError) as refused:
+        finish(writer, steps, allocation)  # it writes through its mapping, then commits: refused
+    assert_pages_hold(admin, "other", stored, b"o")
+    assert "expired" in str(refused.value)
+    assert len(stored) == NBLOCKS3 - 4  # the fenced blocks went to nobody...
+    assert admin.execute_command("PFXINFO")[b"arena"][b"blocks-free"] == 4  # ...until released
+    assert admin.execute_command("PFXCHECK") == b"OK"
+    writer.close()
+    admin.close()
+
+
+def test_a_reader_stalled_past_its_ttl_reads_its_own_pages_and_is_told_the_lease_was_gone(fresh_daemon):
+    import numpy as np
+
+    from pfxcache.client import LeaseLostError, PrefixCache
+
+    daemon = fresh_daemon(*STALL)
+    url = f"redis://{daemon.host}:{daemon.port}/0"
+    reader = PrefixCache.from_url(url, attach=True)
+    admin = redis.Redis(host=daemon.host, port=daemon.port, protocol=3)
+    prompt = list(range(8))
+    admin.execute_command("PFXSET", "r", "TOKENS", *prompt, "DATA", b"R" * (2 * BB3))
+    out = np.zeros(2 * BB3, dtype=np.uint8)
+    steps, match = drive(reader, reader._load_steps("r", prompt, out, 50), until="PFXGET")
+    wait_expired(admin)
+    admin.execute_command("PFXEVICT", "r", "ALL")  # the pinned pages stay...
+    stored = fill_arena(admin, "other", b"o")  # ...and their blocks go to nobody else
+    with pytest.raises(LeaseLostError):
+        finish(reader, steps, match)
+    assert bytes(out) == b"R" * (2 * BB3)
+    assert_pages_hold(admin, "other", stored, b"o")
+    assert admin.execute_command("PFXCHECK") == b"OK"
+    reader.close()
+    admin.close()
+
+
+def test_timeout_spares_connections_holding_leases_and_closes_them_once_released(fresh_daemon):
+    daemon = fresh_daemon(*STALL, "--timeout", "1")
+    worker = redis.Redis(host=daemon.host, port=daemon.port, protocol=3, single_connection_client=True)
+    admin = redis.Redis(host=daemon.host, port=daemon.port, protocol=3)
+    worker_id = worker.client_id()
+    lease = worker.execute_command("PFXALLOC", "t", 2, "TTL", 50)[b"lease"]
+    wait_expired(admin)
+    time.sleep(2.5)  # two idle checks past the timeout: a worker still computing with its blocks
+
+    def connected() -> bool:
+        return worker_id in {int(c["id"]) for c in admin.client_list()}
+
+    assert connected()
+    assert worker.execute_command("PFXRELEASE", lease) == 0  # the lease had expired
+    assert worker.client_id() == worker_id  # the same connection: no silent reconnect
+    assert admin.execute_command("PFXINFO")[b"arena"][b"blocks-free"] == NBLOCKS3
+    wait_for(lambda: not connected(), 10, "the idle connection without leases to be closed")
+    worker.close()
+    admin.close()

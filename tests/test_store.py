@@ -310,7 +310,8 @@ def test_lease_ttl_expiry_and_release_owner():
     assert store.stats()["leases"] == 0 and store.stats()["pinned_pages"] == 0
     assert store.check() == []
     ids = [store.match(b"ns", seq(1)).lease_id for _ in range(3)]
-    assert ids == sorted(ids) and ids[0] > forever.lease_id  # never reused
+    # Random, so that an id tells nothing about others' leases; never one still in use.
+    assert len({*ids, short.lease_id, default.lease_id, forever.lease_id}) == 6
 
 
 def test_evict_prefix_semantics():
@@ -486,23 +487,24 @@ class StoreMachine(RuleBasedStateMachine):
 
     NBLOCKS = 16
     EXACT = False
+    FENCE = False  # the daemon's mode: expired leases are fenced, their blocks kept until released
 
     @initialize(policy=st.sampled_from(sorted(POLICIES)), shards=st.sampled_from([1, 2, 3]),
                 shrink=st.sampled_from([0, 6, 10]))
     def setup(self, policy, shards, shrink):
         self.clock = FakeClock()
         self.store = PrefixStore(MemoryArena(BB, self.NBLOCKS - (0 if self.EXACT else shrink)), page_size=PS, shards=shards, policy=policy,
-                                 lease_ttl_ms=1000, clock=self.clock)
+                                 lease_ttl_ms=1000, clock=self.clock, fence_expired=self.FENCE)
         self.cached = {ns: set() for ns in NSS}  # tuples of page values, prefix closed
         # lease id -> dict(owner, kind, ns, pages, deadline, blocks, data)
         self.leases: dict[int, dict] = {}
-        self.last_lease_id = 0
+        self.issued: set[int] = set()  # lease ids are random, and none comes twice
 
     # helpers
 
     def new_lease(self, lease_id, **fields):
-        assert lease_id > self.last_lease_id
-        self.last_lease_id = lease_id
+        assert 0 < lease_id < 2**63 and lease_id not in self.issued
+        self.issued.add(lease_id)
         self.leases[lease_id] = fields
 
     def pinned(self, ns):
@@ -622,8 +624,9 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(data=st.data(), owner=st.sampled_from(OWNERS))
     def release(self, data, owner):
-        ids = data.draw(st.lists(st.sampled_from(sorted(self.leases) + [0, 99999]), max_size=3, unique=True))
-        expected = sum(1 for i in ids if i in self.leases and self.leases[i]["owner"] == owner)
+        ids = data.draw(st.lists(st.sampled_from(list(self.leases) + [0, 99999]), max_size=3, unique=True))
+        expected = sum(1 for i in ids if i in self.leases and self.leases[i]["owner"] == owner
+                       and not self.leases[i].get("fenced"))
         assert self.store.release(ids, owner) == expected
         for i in ids:
             if i in self.leases and self.leases[i]["owner"] == owner:
@@ -643,7 +646,10 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.store.expire() == len(due)
         event(f"expired {min(len(due), 2)}")
         for i in due:
-            del self.leases[i]
+            if self.FENCE:  # still pinned, still holding its blocks; its id counts 0 on release
+                self.leases[i].update(fenced=True, deadline=float("inf"))
+            else:
+                del self.leases[i]
 
     def forget(self, ns, doomed):
         kept = doomed & self.pinned(ns)
@@ -735,7 +741,7 @@ class StoreMachine(RuleBasedStateMachine):
                 assert self.store.cached_tokens(lease["ns"], tokens) == len(lease["pages"]) * PS
                 assert lease["pages"] in self.cached[lease["ns"]]
         stats = self.store.stats()
-        assert stats["leases"] == len(self.leases)
+        assert stats["leases"] == sum(not lease.get("fenced") for lease in self.leases.values())
         assert stats["pages"] <= sum(len(c) for c in self.cached.values())
         if self.EXACT:
             assert stats["pages"] == sum(len(c) for c in self.cached.values())
@@ -753,4 +759,13 @@ class ExactMachine(StoreMachine):
 
 class TestBigArena(ExactMachine.TestCase):
     settings = settings(max_examples=80, stateful_step_count=50, deadline=None,
+                        suppress_health_check=[HealthCheck.too_slow])
+
+
+class FencedMachine(StoreMachine):
+    FENCE = True
+
+
+class TestFencedTinyArena(FencedMachine.TestCase):
+    settings = settings(max_examples=100, stateful_step_count=60, deadline=None,
                         suppress_health_check=[HealthCheck.too_slow])

@@ -44,7 +44,7 @@ def check_store(store) -> list[str]:
                 if store._leased_by.get(b) != lease.id:
                     problems.append(f"block {b} of {lease!r} missing from the lease index")
     for b, lease_id in store._leased_by.items():
-        lease = store._leases.get(lease_id)
+        lease = store._leases.find(lease_id)
         if lease is None or lease.kind != ALLOC or b not in lease.blocks:
             problems.append(f"lease index maps block {b} to lease {lease_id} which does not hold it")
     for plan in store._plans.values():

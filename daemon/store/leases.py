@@ -8,6 +8,19 @@ lives, the blocks it names are never evicted, freed or reused. Two kinds:
 * ALLOC: taken by alloc; holds fresh blocks (state LEASED) that a writer fills
   and then hands to an insert, or that go back to the free list on release.
 
+A lease past its deadline is *fenced* rather than ended when the store is
+made with ``fence_expired`` (the daemon's): its id stops working (release
+counts 0, renew and BLOCKS refuse it, so the worker learns it was too slow),
+but its pins and blocks stay where they are until the owner releases the id or
+its connection closes. A worker that stalled past its TTL (GC pause, slow
+prefill, SIGSTOP) may still read or write those blocks through its mapping:
+handing them to somebody else meanwhile would corrupt the other's pages.
+
+Lease ids are random 63-bit numbers, unique among the table's leases: an id
+says nothing about how many leases others took, and a stale one names another
+lease only by a 1 in 2**63 draw, and then only one of the same owner (every use
+of an id checks the owner).
+
 This module only keeps the table (ids, owners, deadlines); the store performs
 the unpinning and freeing when a lease ends.
 """
@@ -15,8 +28,14 @@ the unpinning and freeing when a lease ends.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
+import os
+from array import array
 from collections.abc import Iterator
+
+#: Random ids drawn per refill of the id pool (one os.urandom call per this many leases).
+ID_BATCH = 4096
 
 READ = "read"
 ALLOC = "alloc"
@@ -25,7 +44,7 @@ ALLOC = "alloc"
 class Lease:
     """One lease. ``blocks``: a list for READ (the matched path), a dict used as an ordered set for ALLOC."""
 
-    __slots__ = ("blocks", "deadline", "id", "kind", "node", "owner", "scope")
+    __slots__ = ("blocks", "deadline", "fenced", "id", "kind", "node", "owner", "scope")
 
     def __init__(self, lease_id: int, owner: int, kind: str, scope: bytes, deadline: float, node, blocks) -> None:
         self.id = lease_id
@@ -35,39 +54,58 @@ class Lease:
         self.deadline = deadline  # math.inf: no TTL, lives until released or its owner goes
         self.node = node
         self.blocks = blocks
+        self.fenced = False  # past its deadline: the id is dead, the blocks wait for the owner
 
     def __repr__(self) -> str:
-        return f"Lease(id={self.id}, owner={self.owner}, kind={self.kind}, blocks={len(self.blocks)})"
+        fenced = ", fenced" if self.fenced else ""
+        return f"Lease(id={self.id}, owner={self.owner}, kind={self.kind}, blocks={len(self.blocks)}{fenced})"
 
 
 class LeaseTable:
-    """Active leases by id and by owner, with their deadlines in a heap.
+    """Leases by id and by owner, with their deadlines in a heap.
 
-    Ids come from a counter starting at 1 and are never reused, so a stale id
-    (released, expired) can never name somebody else's lease.
+    Iterating or ``find`` sees every lease that still holds something, fenced
+    ones included; ``get`` and ``len`` only the live ones (see the module
+    docstring). Ids are random (``_new_id``).
     """
 
     def __init__(self) -> None:
-        self._next_id = 1
+        self._id_pool = array("Q")
+        self.fenced = 0  # how many leases are fenced
         self._leases: dict[int, Lease] = {}
         self._by_owner: dict[int, dict[int, None]] = {}
         # (deadline, id); entries of leases that ended early are skipped lazily.
         self._deadlines: list[tuple[float, int]] = []
 
     def __len__(self) -> int:
-        return len(self._leases)
+        """Live (not fenced) leases."""
+        return len(self._leases) - self.fenced
 
     def __iter__(self) -> Iterator[Lease]:
         return iter(self._leases.values())
 
     def get(self, lease_id: int) -> Lease | None:
-        """The active lease with this id, or None."""
+        """The live lease with this id, or None (unknown, ended or fenced)."""
+        lease = self._leases.get(lease_id)
+        return None if lease is None or lease.fenced else lease
+
+    def find(self, lease_id: int) -> Lease | None:
+        """The lease with this id that still holds its blocks, fenced or not, or None."""
         return self._leases.get(lease_id)
+
+    def _new_id(self) -> int:
+        # Random, not counted: ids tell nobody how many leases others took. Drawn from
+        # os.urandom in batches (one system call per ID_BATCH leases); 0 is "no lease".
+        while True:
+            if not self._id_pool:
+                self._id_pool = array("Q", os.urandom(8 * ID_BATCH))
+            lease_id = self._id_pool.pop() >> 1
+            if lease_id and lease_id not in self._leases:
+                return lease_id
 
     def new(self, owner: int, kind: str, scope: bytes, deadline: float, node=None, blocks=None) -> Lease:
         """Register a new lease and return it."""
-        lease = Lease(self._next_id, owner, kind, scope, deadline, node, blocks)
-        self._next_id += 1
+        lease = Lease(self._new_id(), owner, kind, scope, deadline, node, blocks)
         self._leases[lease.id] = lease
         self._by_owner.setdefault(owner, {})[lease.id] = None
         if deadline != math.inf:
@@ -77,6 +115,8 @@ class LeaseTable:
     def remove(self, lease: Lease) -> None:
         """Forget an ended lease (its heap entry goes stale and is dropped later)."""
         del self._leases[lease.id]
+        if lease.fenced:
+            self.fenced -= 1
         owned = self._by_owner[lease.owner]
         del owned[lease.id]
         if not owned:
@@ -92,9 +132,23 @@ class LeaseTable:
         if deadline != math.inf:
             heapq.heappush(self._deadlines, (deadline, lease.id))
 
-    def of_owner(self, owner: int) -> list[Lease]:
-        """The owner's active leases, oldest first."""
-        return [self._leases[i] for i in self._by_owner.get(owner, ())]
+    def fence(self, lease: Lease) -> None:
+        """Mark a lease past its deadline: its id is dead, what it holds stays until the owner lets go."""
+        if not lease.fenced:
+            lease.fenced = True
+            lease.deadline = math.inf
+            self.fenced += 1
+
+    def of_owner(self, owner: int, limit: int | None = None) -> list[Lease]:
+        """The owner's leases (fenced ones too), oldest first; at most ``limit`` of them."""
+        ids = self._by_owner.get(owner, ())
+        if limit is not None and limit < len(ids):
+            ids = itertools.islice(ids, limit)
+        return [self._leases[i] for i in ids]
+
+    def owns(self, owner: int) -> bool:
+        """Whether ``owner`` holds any lease, fenced or not."""
+        return owner in self._by_owner
 
     def due(self, now: float) -> list[Lease]:
         """Active leases whose deadline is <= now, popped from the heap (O(log n) each)."""
@@ -103,7 +157,7 @@ class LeaseTable:
         while heap and heap[0][0] <= now:
             deadline, lease_id = heapq.heappop(heap)
             lease = self._leases.get(lease_id)
-            if lease is not None and lease.deadline == deadline:  # else: ended, or renewed since
+            if lease is not None and lease.deadline == deadline:  # else: ended, fenced, or renewed since
                 out.append(lease)
         return out
 
@@ -120,12 +174,14 @@ class LeaseTable:
                 if lease is None or lease.owner != owner:
                     problems.append(f"owner index lists lease {i} for owner {owner} wrongly")
         indexed = sum(len(ids) for ids in self._by_owner.values())
+        if sum(lease.fenced for lease in self._leases.values()) != self.fenced:
+            problems.append(f"fenced count {self.fenced} is wrong")
         if indexed != len(self._leases):
             problems.append(f"owner index holds {indexed} leases, table {len(self._leases)}")
         in_heap = {i for _, i in self._deadlines}
         for lease in self._leases.values():
-            if lease.id <= 0 or lease.id >= self._next_id:
-                problems.append(f"lease id {lease.id} out of the issued range")
+            if not 0 < lease.id < 2**63:
+                problems.append(f"lease id {lease.id} out of range")
             if lease.deadline != math.inf and lease.id not in in_heap:
                 problems.append(f"lease {lease.id} has a deadline but no heap entry")
         return problems

@@ -41,7 +41,8 @@ class PrefixStore:
     """Longest-prefix KV-cache store over an arena of blocks; see the module docstring."""
 
     def __init__(self, arena, *, page_size: int = 16, shards: int = 16, policy: str = "hybrid",
-                 lease_ttl_ms: int = 30000, clock=time.monotonic, max_alloc: int | None = None) -> None:
+                 lease_ttl_ms: int = 30000, clock=time.monotonic, max_alloc: int | None = None,
+                 fence_expired: bool = False) -> None:
         if not isinstance(page_size, int) or page_size < 1:
             raise BadRequest("page_size must be a positive integer")
         if not isinstance(shards, int) or shards < 1:
@@ -58,6 +59,9 @@ class PrefixStore:
         self.shards = shards
         self.lease_ttl_ms = lease_ttl_ms
         self.max_alloc = max_alloc if max_alloc is not None else arena.nblocks
+        # True in the daemon, where every owner is a live connection whose worker may still touch
+        # its blocks: expiry fences leases instead of ending them (see leases.py).
+        self.fence_expired = fence_expired
         self._clock = clock
         self._alloc = BlockAllocator(arena.nblocks)
         self._index = EvictionIndex(POLICIES[policy], capacity=arena.nblocks, page_bytes=self.page_bytes)
@@ -249,9 +253,12 @@ class PrefixStore:
             if b in seen:
                 raise BadRequest(f"block {b} given twice")
             seen.add(b)
-            lease = self._leases.get(self._leased_by.get(b, 0))
+            lease = self._leases.find(self._leased_by.get(b, 0))
             if lease is None or lease.owner != owner:
                 raise BadRequest(f"block {b} is not held by an allocation lease of this connection")
+            if lease.fenced:
+                raise BadRequest(f"the allocation lease of block {b} expired: its TTL passed before the commit "
+                                 f"(release it, allocate again)")
             out.append((b, lease))
         return out
 
@@ -466,29 +473,42 @@ class PrefixStore:
         return True
 
     def release(self, lease_ids, owner: int) -> int:
-        """End the given leases of ``owner``; returns how many (others' and unknown ids count 0)."""
+        """End the given leases of ``owner``; returns how many were live (others', unknown and fenced
+        ids count 0: a fenced lease's blocks go back now, but its holder must learn it was too late)."""
         if isinstance(lease_ids, int):
             lease_ids = [lease_ids]
         count = 0
         for lease_id in lease_ids:
-            lease = self._leases.get(lease_id) if isinstance(lease_id, int) else None
+            lease = self._leases.find(lease_id) if isinstance(lease_id, int) else None
             if lease is not None and lease.owner == owner:
+                count += not lease.fenced
                 self._end(lease)
-                count += 1
         return count
 
-    def release_owner(self, owner: int) -> int:
-        """End every lease of ``owner`` (its connection closed); returns how many."""
-        leases = self._leases.of_owner(owner)
+    def release_owner(self, owner: int, limit: int | None = None) -> int:
+        """End the leases of ``owner`` (its connection closed), fenced ones too; returns how many.
+
+        ``limit``: end at most that many (the daemon releases a huge table in slices so that
+        other clients are served in between); call again until it returns less than ``limit``.
+        """
+        leases = self._leases.of_owner(owner, limit)
         for lease in leases:
             self._end(lease)
         return len(leases)
 
+    def holds_leases(self, owner: int) -> bool:
+        """Whether ``owner`` holds any lease, fenced ones included."""
+        return self._leases.owns(owner)
+
     def expire(self) -> int:
-        """End every lease past its deadline; O(log n) per lease. Returns how many."""
+        """End (or, with fence_expired, fence) every lease past its deadline; O(log n) per lease.
+        Returns how many."""
         due = self._leases.due(self._clock())
         for lease in due:
-            self._end(lease)
+            if self.fence_expired:
+                self._leases.fence(lease)
+            else:
+                self._end(lease)
         return len(due)
 
     def next_expiry(self) -> float:
@@ -627,7 +647,7 @@ class PrefixStore:
             "pages": t.pages, "pinned_pages": t.pages - t.unpinned, "evictable_pages": t.unpinned,
             "hits_tokens": self.hits, "misses_tokens": self.misses, "hit_rate": self._rate(self.hits, self.misses),
             "evictions": self.evictions, "inserts": self.inserts, "stored_pages": self.stored,
-            "leases": len(self._leases), "inserts_in_progress": len(self._plans),
+            "leases": len(self._leases), "fenced_leases": self._leases.fenced, "inserts_in_progress": len(self._plans),
             "namespaces": sum(1 for rec in self._ns.values() if not rec.deleted),
         }
 
