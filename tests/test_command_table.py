@@ -4,10 +4,7 @@ check of every derived reply against a real redis-server 7.0.15."""
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,8 +21,7 @@ from pfxcache.daemon.commands.table import (
     get_keys,
 )
 from pfxcache.protocol.replies import Error, Set, SimpleString, encode
-
-REDIS_SERVER = "/usr/bin/redis-server"
+from pfxcache.testing import start_redis_server
 
 EXPECTED_FILES = {
     "auth", "client", "client-getname", "client-help", "client-id", "client-info",
@@ -465,45 +461,11 @@ def parse_one(data: bytes):
     return tree
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def redis_port(tmp_path_factory):
-    if not os.path.exists(REDIS_SERVER):
-        pytest.skip(f"{REDIS_SERVER} is not installed")
-    workdir = tmp_path_factory.mktemp("redis")
-    for _ in range(5):
-        port = _free_port()
-        proc = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                conn = RawConnection(port)
-                if conn.call("PING") == b"+PONG\r\n":
-                    conn.close()
-                    break
-                conn.close()
-            except OSError:
-                time.sleep(0.02)
-        if proc.poll() is None:
-            break
-    else:
-        pytest.fail("could not start redis-server")
-    yield port
-    proc.terminate()
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    server = start_redis_server("--dir", str(tmp_path_factory.mktemp("redis")))
+    yield server.port
+    server.stop()
 
 
 @pytest.fixture(scope="module")

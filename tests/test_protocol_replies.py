@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 import os
 import socket
-import subprocess
-import time
 
 import hiredis
 import pytest
@@ -27,6 +25,7 @@ from pfxcache.protocol.replies import (
     encode_into,
     encode_many,
 )
+from pfxcache.testing import start_redis_server
 
 INCOMPLETE = object()
 
@@ -273,32 +272,10 @@ def test_large_str_and_float_formatting_in_big_arrays():
 # The downgrade rules, checked against a real redis-server.
 # ---------------------------------------------------------------------------
 
-REDIS_SERVER = "/usr/bin/redis-server"
-
-
 @pytest.fixture(scope="module")
 def redis_conn_factory():
-    if not os.path.exists(REDIS_SERVER):
-        pytest.skip("needs redis-server")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen(
-        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--daemonize", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail("could not start redis-server")
-            time.sleep(0.02)
+    server = start_redis_server()
+    port = server.port
 
     def connect(resp: int):
         conn = socket.create_connection(("127.0.0.1", port), timeout=2)
@@ -310,8 +287,7 @@ def redis_conn_factory():
         return conn
 
     yield connect
-    proc.terminate()
-    proc.wait()
+    server.stop()
 
 
 def _call(conn, *args: bytes) -> bytes:

@@ -8,12 +8,10 @@ same bytes to a real redis-server and compare replies and closing.
 from __future__ import annotations
 
 import itertools
-import os
 import random
 import re
 import selectors
 import socket
-import subprocess
 import sys
 import time
 
@@ -26,6 +24,7 @@ from pfxcache.protocol.requests import (
     ProtocolError,
     RequestParser,
 )
+from pfxcache.testing import start_redis_server
 
 FAST_AND_EXACT = pytest.mark.parametrize("use_hiredis", [True, False], ids=["fast", "exact"])
 KIB = 1024
@@ -766,49 +765,18 @@ def test_fast_and_exact_agree_on_random_streams(stream, data, authenticated):
 # Differential tests against a real redis-server.
 # ---------------------------------------------------------------------------
 
-REDIS_SERVER = "/usr/bin/redis-server"
-needs_redis = pytest.mark.skipif(not os.path.exists(REDIS_SERVER), reason="needs redis-server")
-
-
-def _start_redis(*extra: str):
-    for _ in range(5):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        proc = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--daemonize", "no", *extra],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
-                    conn.sendall(b"PING\r\n")
-                    if conn.recv(100):
-                        return proc, port
-            except OSError:
-                time.sleep(0.02)
-        proc.kill()
-        proc.wait()
-    pytest.fail("could not start redis-server")
-
-
 @pytest.fixture(scope="module")
 def redis_port():
-    proc, port = _start_redis()
-    yield port
-    proc.terminate()
-    proc.wait()
+    server = start_redis_server()
+    yield server.port
+    server.stop()
 
 
 @pytest.fixture(scope="module")
 def redis_auth_port():
-    proc, port = _start_redis("--requirepass", "pw")
-    yield port
-    proc.terminate()
-    proc.wait()
+    server = start_redis_server("--requirepass", "pw")
+    yield server.port
+    server.stop()
 
 
 def _expected_from_parser(data: bytes, authenticated: bool):
@@ -899,7 +867,6 @@ def _compare(port, cases, authenticated):
     assert mismatches == []
 
 
-@needs_redis
 def test_table_against_redis(redis_port):
     cases = []
     for _, data, _, _ in TABLE:
@@ -910,7 +877,6 @@ def test_table_against_redis(redis_port):
     _compare(redis_port, cases, authenticated=True)
 
 
-@needs_redis
 def test_table_rows_exact_reply_bytes(redis_port):
     # For rows without commands, the whole reply must be just the error.
     rows = [(data, error) for _, data, commands, error in TABLE if error and not commands]
@@ -919,7 +885,6 @@ def test_table_rows_exact_reply_bytes(redis_port):
         assert (reply, closed) == (error[1], True), data[:40]
 
 
-@needs_redis
 def test_auth_limits_against_redis(redis_auth_port):
     eleven = enc([b"DEL", *[b"k%d" % i for i in range(10)]])
     cases = [
@@ -957,7 +922,6 @@ def _random_stream(rng: random.Random) -> bytes:
     return b"".join(parts)
 
 
-@needs_redis
 def test_random_streams_against_redis(redis_port):
     # Command names are made of x/z/digits/punctuation: never a real command,
     # so Redis answers each with one "unknown command" error line.
@@ -966,7 +930,6 @@ def test_random_streams_against_redis(redis_port):
     _compare(redis_port, cases, authenticated=True)
 
 
-@needs_redis
 @pytest.mark.parametrize(
     "first,second",
     [
