@@ -20,8 +20,6 @@ class Client:
         "laddr",
         "fd",
         "name",
-        "lib_name",
-        "lib_ver",
         "resp",
         "db",
         "user",
@@ -43,8 +41,6 @@ class Client:
         self.laddr = laddr
         self.fd = fd
         self.name = ""
-        self.lib_name = ""
-        self.lib_ver = ""
         self.resp = 2
         self.db = 0
         self.user = "default"
@@ -62,7 +58,7 @@ class Client:
         self.kill: Callable[[], None] = lambda: None
 
     def describe(self) -> str:
-        """The ``CLIENT LIST`` line for this client (Redis 7.2 field order)."""
+        """The ``CLIENT LIST`` line for this client (Redis 7.0.15's fields, in its order)."""
         now = time.monotonic()
         return (
             f"id={self.id} addr={self.addr} laddr={self.laddr} fd={self.fd} name={self.name} "
@@ -70,7 +66,7 @@ class Client:
             f"flags={'U' if self.is_unix else 'N'} db={self.db} sub=0 psub=0 ssub=0 multi=-1 "
             f"qbuf={self.query_buffered} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=16384 rbp=0 "
             f"obl=0 oll=0 omem=0 tot-mem={self.query_buffered} events=r cmd={self.last_command} "
-            f"user={self.user} redir=-1 resp={self.resp} lib-name={self.lib_name} lib-ver={self.lib_ver}"
+            f"user={self.user} redir=-1 resp={self.resp}"
         )
 
 

@@ -463,6 +463,12 @@ class Config:
                     raise
                 done.append((name, hook))
 
+    def record(self, name: str, value: Any) -> None:
+        """Store a value the daemon determined itself (the port it bound for ``port 0``), so CONFIG
+        GET tells the truth; no hooks run."""
+        d = self._directive(name)
+        self._values[d.name] = value
+
     def on_change(self, name: str, hook: Hook) -> None:
         """Call ``hook(old_value, new_value)`` after CONFIG SET changes
         ``name`` (not when it is set to the value it has, and not for files or

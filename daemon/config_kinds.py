@@ -287,16 +287,22 @@ class Enum(Kind):
     """One of a fixed set of lowercase words (accepted in any case)."""
 
     choices: tuple[str, ...]
+    #: Other accepted words and the choice each stands for (Redis's maxmemory-policy names).
+    synonyms: tuple[tuple[str, str], ...] = ()
 
     def parse(self, args: Sequence[str], d: Directive) -> str:
         word = ascii_lower(args[0])
+        word = dict(self.synonyms).get(word, word)
         if word not in self.choices:
             # Redis builds this in a 256-byte buffer, hence the cut.
             raise ValueError(("argument(s) must be one of the following: " + ", ".join(self.choices))[:255])
         return word
 
     def describe(self, d: Directive) -> str:
-        return "one of " + ", ".join(self.choices)
+        text = "one of " + ", ".join(self.choices)
+        if self.synonyms:
+            text += " (also " + ", ".join(f"{word} for {choice}" for word, choice in self.synonyms) + ")"
+        return text
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,15 @@ __all__ = ["ALL_DIRECTIVES", "DIRECTIVES", "REDIS_ONLY"]
 
 _NO_PERSISTENCE = "persistence is not supported"
 
+#: redis-server's maxmemory-policy names and the policy each means here. Every namespace is a key
+#: with the same standing, so the volatile-* forms act as the allkeys-* ones; pfxcached has no
+#: random eviction and no TTL order among pages, so those become LRU, which does at least as well
+#: on any workload with reuse. noeviction is itself: writes answer -OOM when the arena is full.
+_REDIS_POLICIES = (
+    ("allkeys-lru", "lru"), ("volatile-lru", "lru"), ("allkeys-lfu", "lfu"), ("volatile-lfu", "lfu"),
+    ("allkeys-random", "lru"), ("volatile-random", "lru"), ("volatile-ttl", "lru"),
+)
+
 DIRECTIVES: tuple[Directive, ...] = (
     # --- network ---
     Directive(
@@ -149,7 +158,8 @@ DIRECTIVES: tuple[Directive, ...] = (
         "reserved at startup and cut into maxmemory / block-bytes blocks.",
     ),
     Directive(
-        name="maxmemory-policy", kind=Enum(("lru", "lfu", "hybrid", "ghost", "reuse", "guard")), default="hybrid",
+        name="maxmemory-policy", kind=Enum(("lru", "lfu", "hybrid", "ghost", "reuse", "guard", "noeviction"),
+                                              synonyms=_REDIS_POLICIES), default="hybrid",
         doc="Which unpinned leaf pages go first when blocks are needed: lru (least recently "
         "used), lfu (least frequently used, then least recent), hybrid (highest "
         "age / (frequency + 1)), ghost (LRU that, while the cache thrashes, puts new "
@@ -158,7 +168,10 @@ DIRECTIVES: tuple[Directive, ...] = (
         "last reuse came quickly: the classes of access that come back sooner than "
         "average are kept longer; plain LRU when nothing predicts a return), guard "
         "(reuse's order while miniature simulations of a sample of the pages say it "
-        "hits more than LRU's, LRU's order otherwise).",
+        "hits more than LRU's, LRU's order otherwise), noeviction (never evict: writes "
+        "answer -OOM once the arena is full; PFXEVICT still works). redis-server's names are "
+        "accepted: allkeys-lru and volatile-lru mean lru, allkeys-lfu and volatile-lfu lfu, "
+        "allkeys-random, volatile-random and volatile-ttl lru.",
     ),
     Directive(
         name="page-size", kind=Int(), default=16, minimum=1, maximum=1 << 20, mutable=False,
@@ -185,6 +198,16 @@ DIRECTIVES: tuple[Directive, ...] = (
         name="evict-low-watermark", kind=Int(), default=5, minimum=0, maximum=90,
         doc="Percent of the arena's blocks a background task keeps free by evicting ahead "
         "of need, so that writes rarely wait for eviction; 0 evicts only on demand.",
+    ),
+    Directive(
+        name="lfu-log-factor", kind=Int(), default=10, minimum=0, maximum=INT_MAX,
+        doc="How slowly a namespace's access counter (OBJECT FREQ, redis-cli --hotkeys) grows, "
+        "as in Redis: an access adds one with odds 1 / ((counter - 5) x factor + 1).",
+    ),
+    Directive(
+        name="lfu-decay-time", kind=Int(), default=1, minimum=0, maximum=INT_MAX,
+        doc="Minutes without access after which a namespace's access counter drops by one, as "
+        "in Redis; 0 never decays.",
     ),
     Directive(
         name="prompt-max-tokens", kind=Int(), default=1 << 20, minimum=1, maximum=INT_MAX,

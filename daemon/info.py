@@ -127,7 +127,7 @@ def _persistence(server: ServerState) -> Fields:
 
 def _stats(server: ServerState) -> Fields:
     stats = server.stats
-    store = server.prefix.stats()
+    keyspace = server.prefix.keyspace_stats()
     return [
         ("total_connections_received", stats.total_connections_received),
         ("total_commands_processed", stats.total_commands_processed),
@@ -135,10 +135,10 @@ def _stats(server: ServerState) -> Fields:
         ("total_net_input_bytes", stats.total_net_input_bytes),
         ("total_net_output_bytes", stats.total_net_output_bytes),
         ("rejected_connections", stats.rejected_connections),
-        ("expired_keys", server.prefix.store.keys.expired),
-        ("evicted_keys", store["evictions"]),
-        ("keyspace_hits", store["hits_tokens"]),
-        ("keyspace_misses", store["misses_tokens"]),
+        ("expired_keys", keyspace["expired_keys"]),
+        ("evicted_keys", keyspace["evicted_keys"]),
+        ("keyspace_hits", keyspace["keyspace_hits"]),
+        ("keyspace_misses", keyspace["keyspace_misses"]),
         ("pubsub_channels", 0),
         ("pubsub_patterns", 0),
         ("total_error_replies", stats.total_error_replies),

@@ -66,6 +66,11 @@ class Lookup(NamedTuple):
     data: bytes | None  # the matched blocks' bytes, when asked for
 
 
+def _store_policy(name: str, current: str) -> str:
+    """The store's eviction order for a maxmemory-policy value (noeviction keeps ``current``)."""
+    return current if name == "noeviction" else name
+
+
 class PrefixService:
     """The daemon's prefix store: one per server."""
 
@@ -96,16 +101,27 @@ class PrefixService:
             self.arena,
             page_size=config["page-size"],
             shards=config["shards"],
-            policy=config["maxmemory-policy"],
+            policy=_store_policy(config["maxmemory-policy"], "lru"),
             lease_ttl_ms=config["lease-ttl"],
             # Every lease owner here is a live connection whose worker may still touch its blocks
             # through the mapped arena: an expired lease is fenced, never recycled under it.
             fence_expired=True,
         )
         self.locks = [RWLock() for _ in range(config["shards"])]
+        self._keyspace_baseline: dict[str, int] = {}
         self.ticks = 0
-        config.on_change("maxmemory-policy", lambda _old, new: self.store.set_policy(new))
+        self._apply_policy(config["maxmemory-policy"])
+        config.on_change("maxmemory-policy", lambda _old, new: self._apply_policy(new))
+        keys = self.store.keys
+        keys.log_factor, keys.decay_minutes = config["lfu-log-factor"], config["lfu-decay-time"]
+        config.on_change("lfu-log-factor", lambda _old, new: setattr(keys, "log_factor", new))
+        config.on_change("lfu-decay-time", lambda _old, new: setattr(keys, "decay_minutes", new))
         config.on_change("lease-ttl", lambda _old, new: setattr(self.store, "lease_ttl_ms", new))
+
+    def _apply_policy(self, name: str) -> None:
+        # noeviction keeps the policy in force for PFXEVICT and only stops evicting for space.
+        self.store.evicting = name != "noeviction"
+        self.store.set_policy(_store_policy(name, self.store.policy))
 
     def close(self) -> None:
         """Release the arena (the shared-memory file is unlinked)."""
@@ -264,6 +280,20 @@ class PrefixService:
     def stats(self, namespace: bytes | None = None) -> dict:
         """The store's counters and gauges, global or for one namespace."""
         return self.store.stats(namespace)
+
+    def keyspace_stats(self) -> dict[str, int]:
+        """INFO's Redis-named counters (keyspace_hits/misses in tokens, evicted_keys in pages,
+        expired_keys in namespaces), counted from the last CONFIG RESETSTAT as Redis counts them.
+        The pfxcache_* fields stay cumulative since start, as Prometheus counters are."""
+        store = self.store.stats()
+        now = {"keyspace_hits": store["hits_tokens"], "keyspace_misses": store["misses_tokens"],
+               "evicted_keys": store["evictions"], "expired_keys": self.store.keys.expired}
+        return {name: value - self._keyspace_baseline.get(name, 0) for name, value in now.items()}
+
+    def reset_keyspace_stats(self) -> None:
+        """CONFIG RESETSTAT: the Redis-named counters start again from zero."""
+        self._keyspace_baseline = {}
+        self._keyspace_baseline = self.keyspace_stats()
 
     def namespace_count(self) -> int:
         """Namespaces holding pages: DBSIZE and INFO keyspace's ``keys``."""

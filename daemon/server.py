@@ -107,12 +107,15 @@ def _bind_addresses(bind: Any) -> list[str]:
     return bind.split() if isinstance(bind, str) else list(bind)
 
 
-def open_tcp_listeners(bind: Any, port: int, backlog: int) -> tuple[list[Listener], int]:
+def open_tcp_listeners(bind: Any, port: int, backlog: int, *, keep: dict[str, Listener] | None = None,
+                       ) -> tuple[list[Listener], int]:
     """Bind every address of the ``bind`` directive; port 0 picks one free port for all.
 
     Addresses prefixed with ``-`` are optional, as in Redis: failing to bind
-    them is not an error.
+    them is not an error. Listeners in ``keep`` (by address) that the directive
+    still names are reused rather than bound twice.
     """
+    keep = keep or {}
     listeners: list[Listener] = []
     try:
         for entry in _bind_addresses(bind):
@@ -120,6 +123,9 @@ def open_tcp_listeners(bind: Any, port: int, backlog: int) -> tuple[list[Listene
             host = entry.lstrip("-")
             if host == "*":
                 host = "0.0.0.0"
+            if port and f"{host}:{port}" in keep:
+                listeners.append(keep[f"{host}:{port}"])
+                continue
             family = stdlib_socket.AF_INET6 if ":" in host else stdlib_socket.AF_INET
             sock = stdlib_socket.socket(family, stdlib_socket.SOCK_STREAM)
             try:
@@ -141,7 +147,8 @@ def open_tcp_listeners(bind: Any, port: int, backlog: int) -> tuple[list[Listene
             listeners.append(Listener(sock, f"{host}:{port}", False))
     except BaseException:
         for listener in listeners:
-            listener.sock.close()
+            if listener not in keep.values():
+                listener.sock.close()
         raise
     if not listeners:
         raise StartupError(f"Failed listening on port {port} (tcp), aborting.")
@@ -230,8 +237,8 @@ class Server:
         config.on_change("client-query-buffer-limit", self._update_parsers)
         config.on_change("loglevel", lambda _old, new: logs.set_level(new))
         config.on_change("requirepass", lambda _old, new: self.acl.set_default_password(new))
-        config.on_change("port", self._rebind)
-        config.on_change("bind", self._rebind)
+        config.on_change("port", self._rebind_port)
+        config.on_change("bind", self._rebind_bind)
 
     # -- state the handlers read -------------------------------------------------
 
@@ -257,20 +264,29 @@ class Server:
             parser.proto_max_bulk_len = self.config["proto-max-bulk-len"]
             parser.query_buffer_limit = self.config["client-query-buffer-limit"]
 
-    def _rebind(self, _old: Any, _new: Any) -> None:
-        """CONFIG SET port/bind: open the new listeners first, then drop the old ones."""
+    def _rebind_port(self, _old: Any, new: Any) -> None:
+        self._rebind(new)
+
+    def _rebind_bind(self, _old: Any, _new: Any) -> None:
+        self._rebind(self.tcp_port)  # the port stays, even when it was picked for port 0
+
+    def _rebind(self, port: int) -> None:
+        """CONFIG SET port/bind: open the new listeners first, keep those that stay, drop the rest."""
         if self._control_nursery is None:
             return
+        current = {listener.address: listener for listener in self._listeners if not listener.is_unix}
         try:
-            fresh, port = open_tcp_listeners(self.config["bind"], self.config["port"], self.config["tcp-backlog"])
+            wanted, port = open_tcp_listeners(self.config["bind"], port, self.config["tcp-backlog"], keep=current)
         except StartupError as exc:
             raise ValueError(f"Unable to listen on this port: {exc}") from exc
-        for listener in self._listeners:
-            if not listener.is_unix:
+        fresh = [listener for listener in wanted if listener not in current.values()]
+        for listener in current.values():
+            if listener not in wanted:
                 listener.close()
-        self._listeners = [listener for listener in self._listeners if listener.is_unix] + fresh
+        self._listeners = [listener for listener in self._listeners if listener.is_unix] + wanted
         self.tcp_port = port
-        self.addresses = [listener.address for listener in fresh]
+        self.config.record("port", port)
+        self.addresses = [listener.address for listener in wanted]
         for listener in fresh:
             self._control_nursery.start_soon(self._accept_loop, listener)
         log.info("Listening on %s", ", ".join(self.addresses))
@@ -282,6 +298,7 @@ class Server:
         listeners: list[Listener] = []
         # Unlike Redis, port 0 does not disable TCP: it asks the kernel for a free port.
         tcp, self.tcp_port = open_tcp_listeners(config["bind"], config["port"], config["tcp-backlog"])
+        config.record("port", self.tcp_port)  # port 0: CONFIG GET port answers the port bound
         listeners += tcp
         if config["unixsocket"]:
             listeners.append(open_unix_listener(config["unixsocket"], config["unixsocketperm"], config["tcp-backlog"]))

@@ -186,6 +186,8 @@ EXPECTED_DEFAULTS = {
     # the prefix store
     "maxmemory": 256 * 1024**2,
     "maxmemory-policy": "hybrid",
+    "lfu-log-factor": 10,
+    "lfu-decay-time": 1,
     "page-size": 16,
     "block-bytes": 16384,
     "shards": 16,

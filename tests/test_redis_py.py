@@ -33,7 +33,7 @@ def test_sync_client(daemon, protocol):
         assert seconds > 1_700_000_000 and 0 <= micros < 1_000_000
         me = client.client_info()
         assert me["name"] == "worker-7"
-        assert me["lib-name"] == "redis-py"
+        assert "lib-name" not in me  # Redis 7.0.15 has no CLIENT SETINFO: redis-py's call is refused, as there
         with pytest.raises(redis.ResponseError, match="unknown command"):
             client.execute_command("NOSUCH")
     finally:

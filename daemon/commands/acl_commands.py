@@ -1,4 +1,4 @@
-"""ACL commands: SETUSER, GETUSER, LIST, WHOAMI, DELUSER, USERS, CAT.
+"""ACL commands: SETUSER, GETUSER, LIST, WHOAMI, DELUSER, USERS, CAT, HELP.
 
 Replies and error texts are redis-server 7.0's; the user model is
 :mod:`pfxcache.daemon.acl`.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pfxcache.protocol.replies import OK, Error
+from pfxcache.protocol.replies import OK, Error, SimpleString
 
 from ..acl import AclError, valid_username
 from . import handles
@@ -86,3 +86,31 @@ def acl_cat(ctx: Context, argv: list[bytes]) -> Any:
         return Error(f"ERR Unknown category '{_text(argv[2])}'")
     wanted = "@" + category
     return [spec.fullname for spec in ctx.server.commands.walk() if wanted in spec.acl_categories]
+
+
+# Redis 7.0.15's ACL HELP, with the lines of the subcommands this daemon has.
+ACL_HELP = [
+    "ACL <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "CAT [<category>]",
+    "    List all commands that belong to <category>, or all command categories",
+    "    when no category is specified.",
+    "DELUSER <username> [<username> ...]",
+    "    Delete a list of users.",
+    "GETUSER <username>",
+    "    Get the user's details.",
+    "LIST",
+    "    Show users details in config file format.",
+    "SETUSER <username> <attribute> [<attribute> ...]",
+    "    Create or modify a user with the specified attributes.",
+    "USERS",
+    "    List all the registered usernames.",
+    "WHOAMI",
+    "    Return the current connection username.",
+    "HELP",
+    "    Prints this help.",
+]
+
+
+@handles("acl|help")
+def acl_help(ctx: Context, argv: list[bytes]) -> Any:
+    return [SimpleString(line) for line in ACL_HELP]

@@ -154,6 +154,7 @@ def reset(ctx: Context, argv: list[bytes]) -> Any:
 
 # -- CLIENT -----------------------------------------------------------------------
 
+# Redis 7.0.15's CLIENT HELP, with the lines of the subcommands this daemon has.
 CLIENT_HELP = [
     "CLIENT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
     "GETNAME",
@@ -176,24 +177,16 @@ CLIENT_HELP = [
     "      Kill connections authenticated by <username>.",
     "    * SKIPME (YES|NO)",
     "      Skip killing current connection (default: yes).",
-    "    * ID <client-id>",
-    "      Kill connections by client id.",
     "LIST [options ...]",
     "    Return information about client connections. Options:",
     "    * TYPE (NORMAL|MASTER|REPLICA|PUBSUB)",
     "      Return clients of specified type.",
-    "NO-EVICT (ON|OFF)",
-    "    Protect current client connection from eviction.",
-    "NO-TOUCH (ON|OFF)",
-    "    Will not touch LRU/LFU stats when this mode is on.",
     "SETNAME <name>",
     "    Assign the name <name> to the current connection.",
-    "SETINFO <LIB-NAME|LIB-VER> <value>",
-    "    Set client meta attr. Options are:",
-    "    * LIB-NAME: the client lib name.",
-    "    * LIB-VER: the client lib version.",
+    "NO-EVICT (ON|OFF)",
+    "    Protect current client connection from eviction.",
     "HELP",
-    "    Print this help.",
+    "    Prints this help.",
 ]
 
 
@@ -217,20 +210,6 @@ def client_setname(ctx: Context, argv: list[bytes]) -> Any:
     if not _valid_name(argv[2]):
         return NAME_ERROR
     ctx.client.name = argv[2].decode()
-    return OK
-
-
-@handles("client|setinfo")
-def client_setinfo(ctx: Context, argv: list[bytes]) -> Any:
-    attribute = argv[2].lower()
-    if attribute not in (b"lib-name", b"lib-ver"):
-        return Error(f"ERR Unrecognized option '{argv[2].decode('utf-8', 'replace')}'")
-    if not _valid_name(argv[3]):
-        return Error(f"ERR {attribute.decode()} cannot contain spaces, newlines or special characters.")
-    if attribute == b"lib-name":
-        ctx.client.lib_name = argv[3].decode()
-    else:
-        ctx.client.lib_ver = argv[3].decode()
     return OK
 
 
@@ -337,7 +316,7 @@ def _kill(ctx: Context, client: Client) -> None:
         client.kill()
 
 
-@handles("client|no-evict", "client|no-touch")
+@handles("client|no-evict")
 def client_flag_on_off(ctx: Context, argv: list[bytes]) -> Any:
     if argv[2].lower() in (b"on", b"off"):
         return OK

@@ -71,7 +71,7 @@ CONFIG_HELP = [
     "REWRITE",
     "    Rewrite the configuration file.",
     "HELP",
-    "    Print this help.",
+    "    Prints this help.",
 ]
 
 
@@ -100,6 +100,7 @@ def config_set(ctx: Context, argv: list[bytes]) -> Any:
 @handles("config|resetstat")
 def config_resetstat(ctx: Context, argv: list[bytes]) -> Any:
     ctx.server.stats.reset()
+    ctx.server.prefix.reset_keyspace_stats()
     return OK
 
 

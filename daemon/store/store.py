@@ -75,6 +75,9 @@ class PrefixStore:
         # global counters still add up, without keeping a record per name.
         self._retired = Namespace(b"")
         self._plan_ids = itertools.count(1)
+        #: False under maxmemory-policy noeviction: a full arena refuses writes (-OOM) instead of
+        #: evicting; PFXEVICT still evicts by the policy in force.
+        self.evicting = True
         self.namespace_epoch = 0  # changes whenever a namespace appears or goes (SCAN's order cache)
         self.keys = NamespaceKeys(self)
         self.hits = 0
@@ -124,10 +127,15 @@ class PrefixStore:
         return rec
 
     def _fits(self, n: int, pin_cost: int = 0) -> bool:
+        if not self.evicting:  # noeviction: only free blocks count
+            return self._alloc.free_count >= n
         return self._alloc.free_count + self._totals.unpinned - pin_cost >= n
 
     def _oom(self, n: int) -> OutOfMemory:
         t = self._totals
+        if not self.evicting:
+            return OutOfMemory(f"cannot allocate {n} blocks: {self._alloc.free_count} free and "
+                               f"maxmemory-policy is noeviction")
         return OutOfMemory(f"cannot allocate {n} blocks: {self._alloc.free_count} free, {t.unpinned} evictable, "
                            f"{t.pages - t.unpinned} cached pages pinned, {self._alloc.count(LEASED)} leased")
 
@@ -597,7 +605,7 @@ class PrefixStore:
         """Evict by policy across namespaces until at least ``low_free_blocks`` blocks are free."""
         low = integer(low_free_blocks, "the free-block watermark", 0)
         short = low - self._alloc.free_count
-        evicted = self._evict(short, None) if short > 0 else 0
+        evicted = self._evict(short, None) if short > 0 and self.evicting else 0
         return self._result(evicted, self._totals.pages - self._totals.unpinned)
 
     # -- policy and introspection ---------------------------------------------------------------
