@@ -89,7 +89,13 @@ def test_replies_match_redis_server(r, ref) -> None:
     store(r, "k", 1, 2, 3, 4)
     ref.set("k", "v")
     for args in SAME_REPLIES:
-        assert reply(r, *args) == reply(ref, *args), args
+        ours, theirs = reply(r, *args), reply(ref, *args)
+        if args[0] in ("TTL", "PTTL") and isinstance(ours, int) and ours > 0:
+            # A time to live counts down between the two calls; a loaded machine may cross a second.
+            slack = 1 if args[0] == "TTL" else 1000
+            assert abs(ours - theirs) <= slack, args
+            continue
+        assert ours == theirs, args
 
 
 def test_type_and_object_of_a_namespace(r) -> None:
