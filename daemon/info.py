@@ -84,25 +84,40 @@ def _clients(server: ServerState) -> Fields:
 
 
 def _memory(server: ServerState) -> Fields:
-    rss = server.memory.sample()
-    peak = server.memory.peak
+    # The arena, the metadata indexing it and the process, separately (see daemon/memory.py):
+    # maxmemory sizes the arena only, and the rest is shown, not folded into one RSS figure.
+    server.memory.sample()  # the process's RSS peak, kept by its owner for the cron
+    figures = server.prefix.memory_figures()
+    used, rss, peak = figures.used_bytes, figures.rss_bytes, figures.peak_bytes
+    overhead = figures.heap_bytes
     maxmemory = server.config["maxmemory"]
+    system = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    net = used - figures.startup_heap_bytes
     return [
-        # The daemon's heap is Python's; the process RSS is the honest figure for it.
-        ("used_memory", rss),
-        ("used_memory_human", human_bytes(rss)),
+        ("used_memory", used),
+        ("used_memory_human", human_bytes(used)),
         ("used_memory_rss", rss),
         ("used_memory_rss_human", human_bytes(rss)),
         ("used_memory_peak", peak),
         ("used_memory_peak_human", human_bytes(peak)),
-        ("used_memory_peak_perc", f"{100.0 * rss / peak if peak else 100:.2f}%"),
-        ("used_memory_dataset", server.prefix.dataset_bytes()),
-        ("total_system_memory", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
-        ("total_system_memory_human", human_bytes(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))),
+        ("used_memory_peak_perc", f"{100.0 * used / peak if peak else 100:.2f}%"),
+        ("used_memory_overhead", overhead),
+        ("used_memory_startup", figures.startup_heap_bytes),
+        ("used_memory_dataset", figures.dataset_bytes),
+        ("used_memory_dataset_perc", f"{100.0 * figures.dataset_bytes / net if net > 0 else 0:.2f}%"),
+        ("used_memory_arena", figures.arena_bytes),
+        ("used_memory_arena_human", human_bytes(figures.arena_bytes)),
+        ("used_memory_arena_rss", figures.arena_resident_bytes),
+        ("used_memory_metadata", figures.metadata_bytes),
+        ("used_memory_metadata_human", human_bytes(figures.metadata_bytes)),
+        ("used_memory_metadata_per_page", f"{figures.metadata_per_page:.1f}"),
+        ("total_system_memory", system),
+        ("total_system_memory_human", human_bytes(system)),
         ("maxmemory", maxmemory),
         ("maxmemory_human", human_bytes(maxmemory)),
         ("maxmemory_policy", server.config["maxmemory-policy"]),
-        ("mem_fragmentation_ratio", "1.00"),
+        ("mem_fragmentation_ratio", f"{rss / used if used else 1:.2f}"),
+        ("mem_fragmentation_bytes", rss - used),
         ("mem_allocator", "libc"),
     ]
 

@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 
 import trio
 
+from .memory import MemoryAccount, MemoryFigures
 from .rwlock import RWLock
 from .store import PrefixStore
 from .store.arena import MemoryArena, ShmArena
@@ -110,6 +111,11 @@ class PrefixService:
         self.locks = [RWLock() for _ in range(config["shards"])]
         self._keyspace_baseline: dict[str, int] = {}
         self.ticks = 0
+        # KV bytes the daemon copied for requests: DATA into the arena, WITHDATA out of it
+        # (a mapped arena's copies happen in the workers and are not seen here).
+        self.copied_in_bytes = 0
+        self.copied_out_bytes = 0
+        self.memory = MemoryAccount(self.store)  # after the store: its start-up heap is the baseline
         self._apply_policy(config["maxmemory-policy"])
         config.on_change("maxmemory-policy", lambda _old, new: self._apply_policy(new))
         keys = self.store.keys
@@ -152,6 +158,7 @@ class PrefixService:
         """Periodic work (from the server cron, ``hz`` times a second): expire leases, keep free
         blocks above the low watermark. INFO's ``pfxcache_ticks`` counts the runs."""
         self.ticks += 1
+        self.memory.figures()  # keeps the peak of used_memory between INFO calls, as Redis's cron does
         self.store.expire()
         self.store.keys.expire_due()
         low = self.arena.nblocks * self.config["evict-low-watermark"] // 100
@@ -264,6 +271,7 @@ class PrefixService:
 
     async def copy_in(self, blocks: list[int], data: Any) -> None:
         """Copy ``data`` into ``blocks`` of the arena, off the loop when it is large."""
+        self.copied_in_bytes += len(data)
         if len(data) >= THREAD_COPY_THRESHOLD:
             await trio.to_thread.run_sync(self.arena.write, blocks, data)
         else:
@@ -271,6 +279,7 @@ class PrefixService:
 
     async def copy_out(self, blocks: list[int]) -> bytes:
         """The bytes of ``blocks``, concatenated, read off the loop when large."""
+        self.copied_out_bytes += len(blocks) * self.arena.block_bytes
         if len(blocks) * self.arena.block_bytes >= THREAD_COPY_THRESHOLD:
             return await trio.to_thread.run_sync(self.arena.read, blocks)
         return self.arena.read(blocks)
@@ -302,6 +311,10 @@ class PrefixService:
     def dataset_bytes(self) -> int:
         """Bytes of KV data held in the arena (INFO's ``used_memory_dataset``)."""
         return self.store.stats()["blocks_used"] * self.arena.block_bytes
+
+    def memory_figures(self) -> MemoryFigures:
+        """Arena, metadata and process memory (INFO memory, MEMORY STATS, the metrics endpoint)."""
+        return self.memory.figures()
 
     def flush(self) -> None:
         """FLUSHALL / FLUSHDB: drop every unpinned page of every namespace."""
@@ -345,6 +358,10 @@ class PrefixService:
             ("misses_tokens", stats["misses_tokens"]),
             ("hit_rate", f"{stats['hit_rate']:.4f}"),
             ("evictions", stats["evictions"]),
+            *((f"evictions_{cause}", pages) for cause, pages in self.store.evictions_by_cause.items()),
+            ("oom_refusals", self.store.oom_refusals),
+            ("copied_in_bytes", self.copied_in_bytes),
+            ("copied_out_bytes", self.copied_out_bytes),
             ("inserts", stats["inserts"]),
             ("active_leases", stats["leases"]),
             ("ticks", self.ticks),

@@ -96,5 +96,7 @@ def check_store(store) -> list[str]:
         total = sum(getattr(rec, field) for rec in (*store._ns.values(), store._retired))
         if total != getattr(store, field):
             problems.append(f"namespace {field} add up to {total}, global counter says {getattr(store, field)}")
+    if sum(store.evictions_by_cause.values()) != store.evictions:
+        problems.append(f"evictions by cause {store.evictions_by_cause} do not add up to {store.evictions}")
     problems += store._index.check(candidates)
     return problems

@@ -36,6 +36,10 @@ from .radix import Node, RadixTree, Totals
 from .registry import POLICIES
 from .results import AllocResult, EvictResult, InsertResult, MatchResult
 
+# Why pages were evicted: room for an insert or allocation, the background low-watermark task,
+# a command (PFXEVICT, DEL), FLUSHALL/FLUSHDB.
+EVICTION_CAUSES = ("pressure", "watermark", "command", "flush")
+
 
 class PrefixStore:
     """Longest-prefix KV-cache store over an arena of blocks; see the module docstring."""
@@ -83,6 +87,10 @@ class PrefixStore:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        self.evictions_by_cause = dict.fromkeys(EVICTION_CAUSES, 0)  # pages; sums to evictions
+        # Inserts and allocations refused with OutOfMemory: a count of requests, not state,
+        # so stats() (which a refused call must leave as it was) does not show it.
+        self.oom_refusals = 0
         self.inserts = 0
         self.stored = 0
 
@@ -132,6 +140,7 @@ class PrefixStore:
         return self._alloc.free_count + self._totals.unpinned - pin_cost >= n
 
     def _oom(self, n: int) -> OutOfMemory:
+        self.oom_refusals += 1
         t = self._totals
         if not self.evicting:
             return OutOfMemory(f"cannot allocate {n} blocks: {self._alloc.free_count} free and "
@@ -152,10 +161,10 @@ class PrefixStore:
         """Evict just enough, then take n blocks into state LEASED (the caller checked _fits)."""
         short = n - self._alloc.free_count
         if short > 0:
-            self._evict(short, None)
+            self._evict(short, None, "pressure")
         return self._alloc.take(n, LEASED)
 
-    def _evict(self, n: int, scope: bytes | None) -> int:
+    def _evict(self, n: int, scope: bytes | None, cause: str) -> int:
         """Evict up to n pages chosen by the policy (globally or in one namespace); O(k log n)."""
         now = self._clock()
         index = self._index
@@ -175,13 +184,15 @@ class PrefixStore:
             if not tree.pages:
                 self._retire_if_empty(rec)
         self.evictions += evicted
+        self.evictions_by_cause[cause] += evicted
         return evicted
 
-    def _drop(self, tree: RadixTree, top: Node) -> tuple[int, int]:
+    def _drop(self, tree: RadixTree, top: Node, cause: str = "command") -> tuple[int, int]:
         freed, pinned = tree.drop_subtree(top)
         self._alloc.release(freed)
         self._ns[tree.scope].evictions += len(freed)
         self.evictions += len(freed)
+        self.evictions_by_cause[cause] += len(freed)
         return len(freed), pinned
 
     def _result(self, evicted: int, pinned: int) -> EvictResult:
@@ -558,7 +569,7 @@ class PrefixStore:
         rec = self._ns.get(name)
         if rec is None:
             return self._result(0, 0)
-        evicted = self._evict(n, name)
+        evicted = self._evict(n, name, "command")
         return self._result(evicted, rec.pinned)
 
     def evict_bytes(self, ns, nbytes: int) -> EvictResult:
@@ -566,14 +577,14 @@ class PrefixStore:
         nbytes = integer(nbytes, "the byte count", 0)
         return self.evict_pages(ns, -(-nbytes // self.block_bytes))
 
-    def evict_all(self, ns) -> EvictResult:
-        """Drop every unpinned page of ``ns``."""
+    def evict_all(self, ns, *, cause: str = "command") -> EvictResult:
+        """Drop every unpinned page of ``ns`` (``cause``: how INFO counts them, one of EVICTION_CAUSES)."""
         rec = self._ns.get(namespace_name(ns))
         if rec is None:
             return self._result(0, 0)
         evicted = pinned = 0
         for tree in rec.trees.values():
-            e, p = self._drop(tree, tree.root)
+            e, p = self._drop(tree, tree.root, cause)
             evicted += e
             pinned += p
         result = self._result(evicted, pinned)
@@ -595,7 +606,7 @@ class PrefixStore:
         """Drop every unpinned page of every namespace, and what the eviction policy learned from them."""
         evicted = pinned = 0
         for name in list(self._ns):
-            e, _, p = self.evict_all(name)
+            e, _, p = self.evict_all(name, cause="flush")
             evicted += e
             pinned += p
         self.set_policy(self.policy)  # a fresh index: a learning policy starts over
@@ -605,7 +616,7 @@ class PrefixStore:
         """Evict by policy across namespaces until at least ``low_free_blocks`` blocks are free."""
         low = integer(low_free_blocks, "the free-block watermark", 0)
         short = low - self._alloc.free_count
-        evicted = self._evict(short, None) if short > 0 and self.evicting else 0
+        evicted = self._evict(short, None, "watermark") if short > 0 and self.evicting else 0
         return self._result(evicted, self._totals.pages - self._totals.unpinned)
 
     # -- policy and introspection ---------------------------------------------------------------
@@ -654,10 +665,17 @@ class PrefixStore:
             "blocks_cached": self._alloc.count(TREE), "blocks_leased": self._alloc.count(LEASED),
             "pages": t.pages, "pinned_pages": t.pages - t.unpinned, "evictable_pages": t.unpinned,
             "hits_tokens": self.hits, "misses_tokens": self.misses, "hit_rate": self._rate(self.hits, self.misses),
-            "evictions": self.evictions, "inserts": self.inserts, "stored_pages": self.stored,
+            "evictions": self.evictions,
+            **{f"evictions_{cause}": pages for cause, pages in self.evictions_by_cause.items()},
+            "inserts": self.inserts, "stored_pages": self.stored,
             "leases": len(self._leases), "fenced_leases": self._leases.fenced, "inserts_in_progress": len(self._plans),
             "namespaces": sum(1 for rec in self._ns.values() if not rec.deleted),
         }
+
+    @property
+    def allocator_bytes(self) -> int:
+        """Bytes the block allocator holds (1 per block of state, plus the ids of returned blocks)."""
+        return self._alloc.metadata_bytes
 
     def policy_state(self) -> dict:
         """What the eviction policy has learned (empty unless it learns: see reuse.ReusePolicy.describe)."""
