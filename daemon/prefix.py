@@ -47,6 +47,7 @@ from .memory import MemoryAccount, MemoryFigures
 from .rwlock import RWLock
 from .store import PrefixStore
 from .store.arena import MemoryArena, ShmArena
+from .store.cuda_arena import CudaArena
 from .store.errors import BadRequest
 from .store.results import AllocResult, EvictResult, InsertResult
 
@@ -91,10 +92,8 @@ class PrefixService:
         elif backend == "memory":
             self.arena = MemoryArena(block_bytes, nblocks)
         elif backend == "cuda":
-            # Imported here: CuPy is optional, and only this backend needs it. A missing
-            # CuPy or GPU raises CudaUnavailable (a ValueError): a startup error.
-            from .store.cuda_arena import CudaArena
-
+            # CuPy is optional: the arena loads it when created. A missing CuPy or
+            # GPU raises CudaUnavailable (a ValueError): a startup error.
             self.arena = CudaArena(block_bytes, nblocks, device=config["arena-device"])
         else:
             raise ValueError(f"arena '{backend}' is not available in this build")
