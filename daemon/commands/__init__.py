@@ -3,7 +3,8 @@
 Each command is described by a JSON file in ``defs/`` (Redis's
 ``src/commands/*.json`` schema). Dispatch, arity errors and the ``COMMAND``
 family all derive from those rows. A handler is a function marked with
-:func:`handles`; it receives ``(ctx, argv)`` where ``argv`` is the full
+:func:`handles`; it receives ``(ctx, argv)``, where ``ctx`` is the
+connection's :class:`~pfxcache.daemon.commands.context.Context` and ``argv`` is the full
 argument list including the command name (as in Redis), and returns a reply
 value (see :mod:`pfxcache.protocol.replies`). A handler may be ``async``.
 """
