@@ -171,6 +171,11 @@ class PrefixCache(CacheCore):
         """PFXRELEASE: end leases (ids, Match or Allocation objects); returns how many ended."""
         return self._run(self._release_steps(leases))
 
+    def renew(self, lease: Any, ttl_ms: int | None = None) -> bool:
+        """PFXRENEW: a new deadline (``ttl_ms``, default lease-ttl) for a live lease (an id, Match or
+        Allocation); False when it is gone or already expired (then its blocks must not be used)."""
+        return self._run(self._renew_steps(lease, ttl_ms))
+
     def info(self, key: Any = None) -> Info:
         """PFXINFO: geometry, arena, policy and the global (or ``key``'s) stats."""
         return self._run(self._info_steps(key))
@@ -353,6 +358,10 @@ class AsyncPrefixCache(CacheCore):
     async def release(self, *leases: Any) -> int:
         """PFXRELEASE (see PrefixCache.release)."""
         return await self._run(self._release_steps(leases))
+
+    async def renew(self, lease: Any, ttl_ms: int | None = None) -> bool:
+        """PFXRENEW (see PrefixCache.renew)."""
+        return await self._run(self._renew_steps(lease, ttl_ms))
 
     async def info(self, key: Any = None) -> Info:
         """PFXINFO (see PrefixCache.info)."""

@@ -154,6 +154,14 @@ def pfxrelease(leases: list[int]) -> tuple:
     return ("PFXRELEASE", *[_int(lease, "a lease id", 1) for lease in leases])
 
 
+def pfxrenew(lease: int, ttl_ms: int | None = None) -> tuple:
+    """``PFXRENEW lease [TTL ms]``."""
+    args: list[Any] = ["PFXRENEW", _int(lease, "a lease id", 1)]
+    if ttl_ms is not None:
+        args += ["TTL", _int(ttl_ms, "ttl_ms", 1)]
+    return tuple(args)
+
+
 def pfxevict(key: Any, *, packed: bytes | None = None, pages: int | None = None, nbytes: int | None = None,
              all_: bool = False) -> tuple:
     """``PFXEVICT key (PACKED blob|PAGES n|BYTES n|ALL)``: exactly one mode."""

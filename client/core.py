@@ -241,6 +241,10 @@ class CacheCore:
             return 0
         return (yield Request(commands.pfxrelease(ids), replies.released))
 
+    def _renew_steps(self, lease: Any, ttl_ms: int | None) -> Steps:
+        lease_id = lease.lease if isinstance(lease, _Leased) else lease
+        return bool((yield Request(commands.pfxrenew(lease_id, ttl_ms), replies.released)))
+
     def _info_steps(self, key: Any) -> Steps:
         return (yield Request(commands.pfxinfo(key), replies.info))
 

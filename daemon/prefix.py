@@ -249,6 +249,10 @@ class PrefixService:
         """PFXRELEASE: end the leases of ``owner`` among ``lease_ids``; how many ended."""
         return self.store.release(lease_ids, owner)
 
+    def renew(self, lease_id: int, owner: int, ttl_ms: int | None = None) -> bool:
+        """PFXRENEW: a new deadline, ``ttl_ms`` (default lease-ttl) from now, for a live lease of ``owner``."""
+        return self.store.renew(lease_id, owner, ttl_ms)
+
     def evict(
         self,
         namespace: bytes,
@@ -319,9 +323,27 @@ class PrefixService:
         """FLUSHALL / FLUSHDB: drop every unpinned page of every namespace."""
         self.store.flush()
 
-    def describe(self, namespace: bytes | None = None) -> dict:
-        """The PFXINFO map: geometry, arena, policy, and global or per-namespace stats."""
+    def describe(self, namespace: bytes | None = None, visible: Any = None) -> dict:
+        """The PFXINFO map: geometry, arena, policy, and global or per-namespace stats.
+
+        ``visible``: for a tenant confined to some namespaces (an ACL user without all keys), the
+        predicate its key patterns make. Its keyless PFXINFO then sums only the namespaces it may
+        use, and leaves out what would tell it about the others or where the arena lives: free
+        blocks, what the policy learned, the arena's name and path (a tenant's worker moves bytes
+        over RESP, see README "Isolation").
+        """
         store = self.store
+        if visible is not None:
+            geometry = ("backend", "block_bytes", "size", "nblocks")
+            arena = {k: v for k, v in self.arena.describe().items() if k in geometry}
+            return {
+                "page-size": store.page_size,
+                "block-bytes": self.arena.block_bytes,
+                "arena": {**arena, "blocks-total": self.arena.nblocks},
+                "policy": store.policy,
+                "lease-ttl": store.lease_ttl_ms,
+                "stats": store.stats(namespace) if namespace is not None else store.stats_of(visible),
+            }
         return {
             "page-size": store.page_size,
             "block-bytes": self.arena.block_bytes,

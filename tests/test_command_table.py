@@ -31,7 +31,7 @@ EXPECTED_FILES = {
     "config-get", "config-help", "config-resetstat", "config-rewrite", "config-set",
     "dbsize", "echo", "flushall", "flushdb", "hello", "info", "ping", "quit", "reset",
     "select", "shutdown", "time",
-    "pfxget", "pfxset", "pfxalloc", "pfxrelease", "pfxevict", "pfxinfo", "pfxcheck",
+    "pfxget", "pfxset", "pfxalloc", "pfxrelease", "pfxrenew", "pfxevict", "pfxinfo", "pfxcheck",
     "acl", "acl-cat", "acl-deluser", "acl-getuser", "acl-help", "acl-list", "acl-setuser", "acl-users", "acl-whoami",
     # namespaces as keys
     "keys", "scan", "exists", "type", "del", "unlink", "touch", "randomkey", "rename", "renamenx",
@@ -39,14 +39,14 @@ EXPECTED_FILES = {
     "memory", "memory-usage", "expire", "pexpire", "expireat", "pexpireat", "ttl", "pttl", "persist",
     "expiretime", "pexpiretime",
 }
-#: Top-level commands: 38 of Redis's, 7 of ours.
-TOP_LEVEL = 45
+#: Top-level commands: 38 of Redis's, 8 of ours.
+TOP_LEVEL = 46
 #: Subcommands: CLIENT, CONFIG (5), COMMAND, ACL, ... as the rows in defs/ list them.
 SUBCOMMANDS = 6 + 2 + 5 + 7 + 8 + 5 + 1
 
 #: Rows we ship that redis-server 7.0.15 does not have: both were added in 7.2.
 ONLY_OURS = {
-    **{name: "pfxcache's own command" for name in ("pfxget", "pfxset", "pfxalloc", "pfxrelease", "pfxevict", "pfxinfo", "pfxcheck")},
+    **{name: "pfxcache's own command" for name in ("pfxget", "pfxset", "pfxalloc", "pfxrelease", "pfxrenew", "pfxevict", "pfxinfo", "pfxcheck")},
 }
 
 

@@ -101,7 +101,7 @@ def tenants(fresh_daemon, tmp_path):
     opened = []
 
     def connect(user: str, password: str) -> redis.Redis:
-        client = redis.Redis(host=daemon.host, port=daemon.port, protocol=3, username=user, password=password)
+        client = redis.Redis(host=daemon.host, port=daemon.port, protocol=3, username=user, password=password or None)
         opened.append(client)
         return client
 
@@ -113,10 +113,11 @@ def tenants(fresh_daemon, tmp_path):
 def test_allocated_blocks_never_hold_another_tenants_evicted_bytes(tenants):
     daemon, connect = tenants
     a, b = connect("tenant-a", "pa"), connect("tenant-b", "pb")
+    admin = connect("default", "")
     # B fills every block of the arena with its secret, then forgets it.
     for i in range(8):
         b.execute_command("PFXSET", f"b:{i}", "TOKENS", i, 2, 3, 4, "DATA", b"SECRET!!" * 16)
-    assert b.execute_command("PFXINFO")[b"arena"][b"blocks-free"] == 0
+    assert admin.execute_command("PFXINFO")[b"arena"][b"blocks-free"] == 0
     for i in range(8):
         b.execute_command("PFXEVICT", f"b:{i}", "ALL")
     # A allocates every block, commits them unwritten, and reads them back over RESP.
@@ -262,4 +263,73 @@ def test_timeout_spares_connections_holding_leases_and_closes_them_once_released
     assert admin.execute_command("PFXINFO")[b"arena"][b"blocks-free"] == NBLOCKS3
     wait_for(lambda: not connected(), 10, "the idle connection without leases to be closed")
     worker.close()
+    admin.close()
+
+
+# -- item 6: what a tenant sees of the others ---------------------------------------------------------
+
+
+def test_a_tenants_keyless_pfxinfo_shows_only_its_own_namespaces(tenants):
+    daemon, connect = tenants
+    a, b = connect("tenant-a", "pa"), connect("tenant-b", "pb")
+    admin = redis.Redis(host=daemon.host, port=daemon.port, protocol=3)
+    b.execute_command("PFXSET", "b:x", "TOKENS", 1, 2, 3, 4, 5, 6, 7, 8, "DATA", b"b" * 256)
+    for _ in range(3):
+        b.execute_command("PFXGET", "b:x", "TOKENS", 1, 2, 3, 4, 5, 6, 7, 8)
+    a.execute_command("PFXSET", "a:y", "TOKENS", 1, 2, 3, 4, "DATA", b"a" * 128)
+    a.execute_command("PFXGET", "a:y", "TOKENS", 1, 2, 3, 4, "NOLEASE")
+    seen = a.execute_command("PFXINFO")
+    stats = seen[b"stats"]
+    assert (stats[b"namespaces"], stats[b"pages"], stats[b"inserts"], stats[b"leases"]) == (1, 1, 1, 0)
+    assert stats[b"hits_tokens"] == 4
+    assert b"path" not in seen[b"arena"] and b"name" not in seen[b"arena"]
+    assert b"blocks-free" not in seen[b"arena"] and b"policy-state" not in seen
+    # The operator (all keys) still sees everything.
+    everything = admin.execute_command("PFXINFO")
+    assert everything[b"stats"][b"namespaces"] == 2 and everything[b"stats"][b"leases"] == 3
+    assert b"path" in everything[b"arena"]
+    admin.close()
+
+
+def test_lease_ids_say_nothing_about_other_tenants_leases(tenants):
+    daemon, connect = tenants
+    a, b = connect("tenant-a", "pa"), connect("tenant-b", "pb")
+    a.execute_command("PFXSET", "a:l", "TOKENS", 1, 2, 3, 4, "DATA", b"a" * 128)
+    b.execute_command("PFXSET", "b:l", "TOKENS", 1, 2, 3, 4, "DATA", b"b" * 128)
+    ids = []
+    for _ in range(40):
+        ids.append(a.execute_command("PFXGET", "a:l", "TOKENS", 1, 2, 3, 4)[b"lease"])
+        for _ in range(3):
+            b.execute_command("PFXGET", "b:l", "TOKENS", 1, 2, 3, 4)
+    assert len(set(ids)) == 40 and all(0 < i < 2**63 for i in ids)
+    # Neither ordered nor close together: a counter would give a, a+4, a+8, ...
+    assert ids != sorted(ids) and max(ids) - min(ids) > 2**50
+    assert a.execute_command("PFXRELEASE", *ids) == 40
+
+
+def test_a_slow_writer_renews_its_lease_and_commits(fresh_daemon):
+    from pfxcache.client import PrefixCache
+
+    daemon = fresh_daemon(*STALL)
+    cache = PrefixCache.from_url(f"redis://{daemon.host}:{daemon.port}/0", attach=True)
+    admin = redis.Redis(host=daemon.host, port=daemon.port, protocol=3)
+    cache.attach()
+    allocation = cache.alloc("slow", 2, ttl_ms=200)
+    for _ in range(4):  # a prefill of ~4 x 100 ms, twice the TTL, renewing as it goes
+        start = ticks(admin)
+        wait_for(lambda: ticks(admin) - start >= 10, 10, "ten ticks (about 100 ms)")
+        assert cache.renew(allocation, 200)
+    cache.arena.write_from(allocation.blocks, b"s" * (2 * BB3))
+    assert cache.commit("slow", list(range(8)), allocation).stored == 2
+    assert cache.release(allocation) == 1
+    # Renewing what is gone says so; an expired lease cannot be brought back.
+    assert not cache.renew(allocation.lease)
+    other = cache.alloc("slow", 1, ttl_ms=1)
+    wait_expired(admin)
+    assert not cache.renew(other)
+    with pytest.raises(redis.ResponseError, match="syntax error"):
+        admin.execute_command("PFXRENEW", 5, "TTL")
+    with pytest.raises(redis.ResponseError, match="lease id"):
+        admin.execute_command("PFXRENEW", "007")
+    cache.close()
     admin.close()

@@ -211,6 +211,21 @@ def pfxrelease(ctx: Context, argv: list[bytes]) -> Any:
     return _service(ctx).release(leases, ctx.client.id)
 
 
+@handles("pfxrenew")
+def pfxrenew(ctx: Context, argv: list[bytes]) -> Any:
+    """1 when the lease got its new deadline; 0 when it is gone, expired (fenced) or another's."""
+    try:
+        lease = _integer(argv[1], "lease id", 1, 2**63 - 1)
+        ttl_ms = None
+        if len(argv) == 4 and argv[2].upper() == b"TTL":
+            ttl_ms = _ttl(argv, 2)
+        elif len(argv) != 2:
+            raise ArgumentError("ERR syntax error, expected PFXRENEW lease [TTL ms]")
+    except ArgumentError as exc:
+        return Error(str(exc))
+    return int(_service(ctx).renew(lease, ctx.client.id, ttl_ms))
+
+
 @handles("pfxevict")
 def pfxevict(ctx: Context, argv: list[bytes]) -> Any:
     service = _service(ctx)
@@ -244,7 +259,12 @@ def pfxinfo(ctx: Context, argv: list[bytes]) -> Any:
     if len(argv) > 2:
         return Error("ERR wrong number of arguments for 'pfxinfo' command")
     service = _service(ctx)
-    return service.describe(argv[1] if len(argv) == 2 else None)
+    user = ctx.server.acl.users.get(ctx.client.user)
+    if user is not None and user.all_keys:
+        visible = None
+    else:  # a tenant sees its own namespaces (a user deleted meanwhile: none)
+        visible = user.key_allowed if user is not None else (lambda _name: False)
+    return service.describe(argv[1] if len(argv) == 2 else None, visible)
 
 
 @handles("pfxcheck")

@@ -677,6 +677,23 @@ class PrefixStore:
         """Bytes the block allocator holds (1 per block of state, plus the ids of returned blocks)."""
         return self._alloc.metadata_bytes
 
+    def stats_of(self, visible) -> dict:
+        """The counters of the namespaces whose name ``visible(name)`` accepts, summed: what a
+        tenant confined to some namespaces is shown instead of the global figures. O(namespaces)."""
+        names = [name for name, rec in self._ns.items() if not rec.deleted and visible(name)]
+        total = {"policy": self.policy, "page_size": self.page_size, "block_bytes": self.block_bytes,
+                 "namespaces": 0, "pages": 0, "pinned_pages": 0, "evictable_pages": 0, "bytes": 0,
+                 "hits_tokens": 0, "misses_tokens": 0, "evictions": 0, "inserts": 0, "stored_pages": 0,
+                 "leases": 0}
+        for name in names:
+            one = self.stats(name)
+            total["namespaces"] += bool(one["pages"] or one["leases"])
+            for field in ("pages", "pinned_pages", "evictable_pages", "bytes", "hits_tokens", "misses_tokens",
+                          "evictions", "inserts", "stored_pages", "leases"):
+                total[field] += one[field]
+        total["hit_rate"] = self._rate(total["hits_tokens"], total["misses_tokens"])
+        return total
+
     def policy_state(self) -> dict:
         """What the eviction policy has learned (empty unless it learns: see reuse.ReusePolicy.describe)."""
         return self._index.describe()
