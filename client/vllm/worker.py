@@ -1,0 +1,344 @@
+"""The worker half: copies pages between vLLM's paged KV tensors and the daemon's arena.
+
+Runs in each vLLM worker process, and talks to the daemon only on the RESP
+path. The scheduler half sends, with every step's plan, the arena's
+description (PFXINFO's ``arena`` map); the worker maps it once (the shm file,
+or the CUDA arena's IPC handle) and from then on copies with torch between
+two views of the same pages:
+
+* vLLM's side: per layer, its paged KV tensor seen as ``[blocks, 2, heads,
+  block_size, head_dim]`` (:func:`paged_view`; no copy, only strides);
+* the arena's side: the whole arena seen as ``[blocks, layers, 2, kv_heads,
+  page_size, head_dim]`` in the model's dtype -- the page layout
+  (:mod:`.layout`).
+
+A load copies vLLM block by block from arena blocks before the forward pass
+(``start_load_kv``, synchronous: the forward reads them at once); a store
+copies the other way after it (``wait_for_save``). Runs of consecutive ids on
+both sides become one strided slice copy per layer (K and V together); other
+ids go through one gather/scatter per layer. With tensor parallelism each
+worker copies its own heads' share of every page.
+
+When the plan carries no arena (the daemon is on another host, or cannot be
+mapped) the same pages travel over RESP: ``PFXGET ... NOLEASE WITHDATA`` for a
+load, ``PFXSET ... OFFSET DATA`` for a store, on this worker's own connection.
+
+Nothing here raises into vLLM: a load that cannot be done is reported as
+failed blocks (vLLM recomputes them), a store that cannot be done is skipped;
+both are counted and logged once per cause.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .layout import PageGeometry
+from .plan import LoadJob, StepPlan, StoreJob, WorkerReport
+
+log = logging.getLogger("pfxcache.vllm")
+
+_LAYER_INDEX = re.compile(r"\.(\d+)\.")
+
+
+def _layer_order(name: str) -> tuple[int, str]:
+    match = _LAYER_INDEX.search(f".{name}.")
+    return (int(match.group(1)) if match else 1 << 30, name)
+
+
+def paged_view(kv: torch.Tensor, block_size: int, heads: int, head_dim: int) -> torch.Tensor:
+    """vLLM's paged KV tensor of one layer as ``[blocks, 2 (K, V), heads, block_size, head_dim]`` (a view).
+
+    Layouts known: the CPU backend's ``[blocks, heads, block_size, 2 * head_dim]``
+    whose memory is, per block and head, the keys ``[block_size, head_dim]``
+    then the values; FlashAttention's ``[2, blocks, block_size, heads,
+    head_dim]``; FlashInfer's ``[blocks, 2, block_size, heads, head_dim]`` (NHD)
+    and ``[blocks, 2, heads, block_size, head_dim]`` (HND). Anything else is a
+    ValueError naming the shape.
+    """
+    shape = tuple(kv.shape)
+    n, h, d = block_size, heads, head_dim
+    if kv.dim() == 4 and shape[1:] == (h, n, 2 * d) and kv.is_contiguous():
+        return kv.view(shape[0], h, 2, n, d).permute(0, 2, 1, 3, 4)
+    if kv.dim() == 5:
+        if shape[0] == 2 and shape[2:] == (n, h, d):
+            return kv.permute(1, 0, 3, 2, 4)
+        if shape[1] == 2 and shape[2:] == (n, h, d):
+            return kv.permute(0, 1, 3, 2, 4)
+        if shape[1] == 2 and shape[2:] == (h, n, d):
+            return kv
+    raise ValueError(f"unknown paged KV layout {shape} (block_size {n}, {h} kv heads, head_dim {d})")
+
+
+def _runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
+    """(src start, dst start, length) for the runs where both id lists go up by one together."""
+    runs: list[tuple[int, int, int]] = []
+    for s, t in zip(src, dst):
+        if runs and s == runs[-1][0] + runs[-1][2] and t == runs[-1][1] + runs[-1][2]:
+            first_s, first_t, length = runs[-1]
+            runs[-1] = (first_s, first_t, length + 1)
+        else:
+            runs.append((s, t, 1))
+    return runs
+
+
+class _Once:
+    """Log each distinct cause once (a dead daemon must not fill the log at every step)."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def __call__(self, cause: str, message: str, *args: Any) -> None:
+        if cause not in self._seen:
+            self._seen.add(cause)
+            log.warning(message, *args)
+
+
+class WorkerHalf:
+    """Copies for one worker. ``tp_rank``/``tp_size``: which share of the kv heads this worker holds.
+
+    ``open_arena``: maps PFXINFO's arena map to a view with ``torch_blocks``
+    (default :func:`pfxcache.client.arena.open_arena`; tests pass one built on
+    the CuPy stand-in). ``connect``: a URL -> PrefixCache factory for the RESP
+    path (default ``PrefixCache.from_url(url, attach=False)``).
+    """
+
+    def __init__(self, geometry: PageGeometry, *, tp_rank: int = 0, tp_size: int = 1,
+                 open_arena: Callable[[dict], Any] | None = None,
+                 connect: Callable[[str], Any] | None = None, socket_timeout: float = 5.0) -> None:
+        if geometry.kv_heads % tp_size:
+            raise ValueError(f"{geometry.kv_heads} kv heads do not split over {tp_size} tensor-parallel workers")
+        self.geometry = geometry
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.local_heads = geometry.kv_heads // tp_size
+        self._heads = slice(tp_rank * self.local_heads, (tp_rank + 1) * self.local_heads)
+        self._dtype = getattr(torch, geometry.dtype)
+        self._open_arena = open_arena
+        self._connect = connect
+        self._socket_timeout = socket_timeout
+        self._layers: list[torch.Tensor] = []
+        self._arena_key: Any = None
+        self._arena_view: Any = None
+        self._pages: torch.Tensor | None = None   # the arena as [nblocks, L, 2, H, page, D]
+        self._arena_error: str | None = None
+        self._resp: Any = None
+        self._resp_url = ""
+        self._failed_blocks: set[int] = set()
+        self._report = WorkerReport()
+        self._warn = _Once()
+
+    # -- vLLM's KV ---------------------------------------------------------------------------------
+
+    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Take vLLM's per-layer paged KV tensors (layer order from their names)."""
+        names = sorted(kv_caches, key=_layer_order)
+        g = self.geometry
+        if len(names) != g.layers:
+            raise ValueError(f"vLLM registered {len(names)} KV layers; the page layout has {g.layers}")
+        views = []
+        for name in names:
+            tensor = kv_caches[name]
+            if tensor.dtype != self._dtype:
+                raise ValueError(f"layer {name} keeps KV in {tensor.dtype}; the page layout is {g.dtype} "
+                                 "(set kv_cache_dtype auto)")
+            views.append(paged_view(tensor, g.page_size, self.local_heads, g.head_dim))
+        self._layers = views
+
+    # -- the arena ---------------------------------------------------------------------------------
+
+    def _arena_pages(self, arena: dict) -> torch.Tensor | None:
+        """The arena of ``arena`` (PFXINFO's map) as page tensors, mapped on first sight; None if it cannot be."""
+        key = (arena.get("backend"), arena.get("path"), arena.get("handle"), arena.get("pid"), arena.get("size"))
+        if key == self._arena_key:
+            return self._pages
+        self._close_arena()
+        self._arena_key = key
+        g = self.geometry
+        try:
+            if int(arena["block_bytes"]) != g.block_bytes:
+                raise ValueError(f"arena blocks are {arena['block_bytes']} bytes, pages {g.block_bytes}")
+            opener = self._open_arena
+            if opener is None:
+                from pfxcache.client.arena import open_arena as opener
+            view = opener(arena)
+            raw = view.torch_blocks(range(int(arena["nblocks"])))
+            self._arena_view = view
+            self._pages = raw.view(self._dtype).view(int(arena["nblocks"]), *g.shape)
+            self._arena_error = None
+        except Exception as exc:  # AttachError, no CuPy, wrong size...: RESP instead
+            self._arena_error = f"{type(exc).__name__}: {exc}"
+            self._warn(f"attach:{key}", "pfxcache: cannot map the daemon's arena here (%s); moving KV over RESP",
+                       self._arena_error)
+            self._pages = None
+        return self._pages
+
+    def _close_arena(self) -> None:
+        self._pages = None
+        if self._arena_view is not None:
+            try:
+                self._arena_view.close()
+            except Exception:
+                pass
+            self._arena_view = None
+
+    # -- copies ------------------------------------------------------------------------------------
+
+    def _to_vllm(self, pages: torch.Tensor, page_ids: list[int], vllm_ids: list[int]) -> int:
+        """pages[page_ids] (this worker's heads) -> vLLM blocks vllm_ids, every layer; returns bytes."""
+        runs = _runs(page_ids, vllm_ids)
+        if len(runs) * 4 <= len(page_ids) or len(runs) <= 2:
+            for layer, view in enumerate(self._layers):
+                for src, dst, length in runs:
+                    view[dst:dst + length].copy_(pages[src:src + length, layer, :, self._heads])
+        else:
+            src_index = torch.tensor(page_ids, device=pages.device)
+            dst_index = torch.tensor(vllm_ids, device=self._layers[0].device)
+            for layer, view in enumerate(self._layers):
+                view.index_copy_(0, dst_index, pages[src_index, layer, :, self._heads].to(view.device))
+        return len(page_ids) * self.geometry.block_bytes // self.tp_size
+
+    def _from_vllm(self, vllm_ids: list[int], pages: torch.Tensor, page_ids: list[int]) -> int:
+        """vLLM blocks vllm_ids -> pages[page_ids] (this worker's heads), every layer; returns bytes."""
+        runs = _runs(vllm_ids, page_ids)
+        if len(runs) * 4 <= len(page_ids) or len(runs) <= 2:
+            for layer, view in enumerate(self._layers):
+                for src, dst, length in runs:
+                    pages[dst:dst + length, layer, :, self._heads].copy_(view[src:src + length])
+        else:
+            src_index = torch.tensor(vllm_ids, device=self._layers[0].device)
+            for layer, view in enumerate(self._layers):
+                block = view.index_select(0, src_index).to(pages.device)
+                for i, page in enumerate(page_ids):   # advanced-index assignment to a sliced view would copy
+                    pages[page, layer, :, self._heads].copy_(block[i])
+        return len(page_ids) * self.geometry.block_bytes // self.tp_size
+
+    # -- RESP --------------------------------------------------------------------------------------
+
+    def _connection(self, url: str) -> Any:
+        if self._resp is None or self._resp_url != url:
+            if self._resp is not None:
+                self._resp.close()
+            if self._connect is not None:
+                self._resp = self._connect(url)
+            else:
+                from pfxcache.client import PrefixCache
+
+                self._resp = PrefixCache.from_url(url, attach=False, socket_timeout=self._socket_timeout,
+                                                  socket_connect_timeout=self._socket_timeout)
+            self._resp_url = url
+        return self._resp
+
+    def _drop_connection(self) -> None:
+        if self._resp is not None:
+            try:
+                self._resp.close()
+            except Exception:
+                pass
+        self._resp = None
+
+    def _page_tensor(self, data: bytes, npages: int) -> torch.Tensor:
+        flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return flat.view(self._dtype).view(npages, *self.geometry.shape)
+
+    # -- one step ----------------------------------------------------------------------------------
+
+    def _count(self, name: str, value: float) -> None:
+        self._report.counters[name] = self._report.counters.get(name, 0) + value
+
+    def _fail_load(self, job: LoadJob, from_page: int, cause: str, message: str, *args: Any) -> None:
+        self._failed_blocks.update(job.vllm_blocks[from_page:])
+        self._report.failed_loads[job.req_id] = 1
+        self._count("load_failures", 1)
+        self._warn(cause, message, *args)
+
+    def load(self, plan: StepPlan) -> None:
+        """Copy every load job of the plan into vLLM's blocks (before the forward pass)."""
+        pages = self._arena_pages(plan.arena) if plan.arena is not None else None
+        for job in plan.loads:
+            started = time.perf_counter()
+            try:
+                if pages is not None:
+                    moved = self._to_vllm(pages, job.arena_blocks, job.vllm_blocks)
+                    if time.monotonic() > job.valid_until:
+                        # The lease may have ended during the copy: those bytes may be another page's.
+                        self._fail_load(job, 0, "lease", "pfxcache: a load outlived its lease (lease_ttl_ms too "
+                                        "short for this engine?); vLLM recomputes those tokens")
+                        continue
+                else:
+                    match = self._connection(plan.url).lookup(job.namespace, job.tokens, lease=False,
+                                                             with_data=True)
+                    have = min(match.matched_tokens // self.geometry.page_size - job.first_page,
+                               len(job.vllm_blocks))
+                    moved = 0
+                    if have > 0:
+                        data = memoryview(match.data)[job.first_page * self.geometry.block_bytes:]
+                        buffer = self._page_tensor(bytes(data[: have * self.geometry.block_bytes]), have)
+                        moved = self._to_vllm(buffer, list(range(have)), job.vllm_blocks[:have])
+                    if have < len(job.vllm_blocks):
+                        self._fail_load(job, max(have, 0), "short", "pfxcache: %d of %d pages were no longer "
+                                        "cached when loaded over RESP; vLLM recomputes the rest",
+                                        max(have, 0), len(job.vllm_blocks))
+                        continue
+            except Exception as exc:
+                if pages is None:
+                    self._drop_connection()
+                self._fail_load(job, 0, f"load:{type(exc).__name__}", "pfxcache: load failed (%s: %s); vLLM "
+                                "recomputes those tokens", type(exc).__name__, exc)
+                continue
+            self._report.loaded[job.req_id] = 1
+            self._count("load_bytes", moved)
+            self._count("load_pages", len(job.vllm_blocks))
+            self._count("load_seconds", time.perf_counter() - started)
+
+    def store(self, plan: StepPlan) -> None:
+        """Copy every store job's pages out of vLLM's blocks (after the forward pass computed them)."""
+        pages = self._arena_pages(plan.arena) if plan.arena is not None else None
+        for job in plan.stores:
+            if job.req_id in self._report.failed_loads:
+                # This step computed on top of pages that did not load: nothing it computed is right.
+                self._report.failed_stores[job.req_id] = 1
+                continue
+            started = time.perf_counter()
+            try:
+                if job.arena_blocks:
+                    if pages is None:
+                        raise RuntimeError(f"the arena is not mapped here ({self._arena_error})")
+                    if time.monotonic() > job.valid_until:
+                        raise TimeoutError("the allocation's lease may have ended; writing could hit reused blocks")
+                    moved = self._from_vllm(job.vllm_blocks, pages, job.arena_blocks)
+                else:
+                    if self.tp_size > 1:
+                        raise RuntimeError("storing over RESP needs whole pages: not with tensor parallelism")
+                    buffer = torch.empty((len(job.vllm_blocks), *self.geometry.shape), dtype=self._dtype)
+                    moved = self._from_vllm(job.vllm_blocks, buffer, list(range(len(job.vllm_blocks))))
+                    self._connection(plan.url).store(job.namespace, job.tokens, buffer.view(torch.uint8).numpy(),
+                                                     offset=job.first_page * self.geometry.page_size)
+            except Exception as exc:
+                if not job.arena_blocks:
+                    self._drop_connection()
+                self._report.failed_stores[job.req_id] = 1
+                self._count("store_failures", 1)
+                self._warn(f"store:{type(exc).__name__}", "pfxcache: store skipped (%s: %s)", type(exc).__name__, exc)
+                continue
+            self._report.stored[job.req_id] = 1
+            self._count("store_bytes", moved)
+            self._count("store_pages", len(job.vllm_blocks))
+            self._count("store_seconds", time.perf_counter() - started)
+
+    def take_failed_blocks(self) -> set[int]:
+        """vLLM block ids whose load failed since the last call (vLLM recomputes from the first of them)."""
+        failed, self._failed_blocks = self._failed_blocks, set()
+        return failed
+
+    def take_report(self) -> WorkerReport | None:
+        report, self._report = self._report, WorkerReport()
+        return report if report else None
+
+    def close(self) -> None:
+        self._close_arena()
+        self._drop_connection()
