@@ -98,6 +98,19 @@ def geometry_of(vllm_config: VllmConfig) -> PageGeometry:
     )
 
 
+def cpu_attention_isa(vllm_config: VllmConfig) -> str | None:
+    """The kernel vLLM's CPU attention backend picks (it decides the KV layout), or None off the CPU."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return None
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    model = vllm_config.model_config
+    return _get_attn_isa(model.dtype, vllm_config.cache_config.block_size, model.get_head_size(),
+                         vllm_config.cache_config.cache_dtype)
+
+
 class PrefixCacheConnector(KVConnectorBase_V1):
     """Shares prefix KV between vLLM engines through a pfxcache daemon (see :mod:`pfxcache.client.vllm`)."""
 
@@ -191,7 +204,7 @@ class PrefixCacheConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self._worker is not None
-        self._worker.register(kv_caches)
+        self._worker.register(kv_caches, cpu_attention_isa(self._vllm_config))
 
     def _plan(self) -> StepPlan | None:
         if not self.has_connector_metadata():

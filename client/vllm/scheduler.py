@@ -36,13 +36,14 @@ from __future__ import annotations
 import logging
 import os
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
-from pfxcache.client.cache import _daemon_host, _is_local_host
+from pfxcache.client.core import is_local_host
 from pfxcache.client.errors import CacheFullError, PrefixCacheError
 
 from .layout import PageGeometry, request_namespace
@@ -186,7 +187,7 @@ class SchedulerHalf:
             self._count("errors")
             return None
         self._cache = cache
-        self._arena = self._mappable_arena(cache, info.arena)
+        self._arena = self._mappable_arena(info.arena)
         self._lease_ttl_ms = self.settings.lease_ttl_ms or info.lease_ttl_ms
         if self._down_logged:
             log.warning("pfxcache: connected again to %s", url)
@@ -194,15 +195,13 @@ class SchedulerHalf:
         self._down_logged = False
         return cache
 
-    def _mappable_arena(self, cache: Any, arena: dict) -> dict | None:
+    def _mappable_arena(self, arena: dict) -> dict | None:
         """The arena map the workers should copy through, or None for RESP."""
         if self.settings.transfer == "resp":
             return None
         if self.settings.transfer == "arena":
             return dict(arena)
-        client = getattr(cache, "client", None)
-        host = _daemon_host(client.connection_pool) if client is not None else None
-        if not _is_local_host(host):
+        if not is_local_host(urllib.parse.urlsplit(self.settings.url).hostname):
             return None
         if arena.get("backend") == "shm":
             path = arena.get("path")

@@ -6,8 +6,9 @@ description (PFXINFO's ``arena`` map); the worker maps it once (the shm file,
 or the CUDA arena's IPC handle) and from then on copies with torch between
 two views of the same pages:
 
-* vLLM's side: per layer, its paged KV tensor seen as ``[blocks, 2, heads,
-  block_size, head_dim]`` (:func:`paged_view`; no copy, only strides);
+* vLLM's side: per layer, its paged KV tensor seen as keys and values
+  ``[blocks, heads, block_size, head_dim]`` (:func:`paged_kv_views`; no copy,
+  only strides -- whatever order the attention kernel keeps them in);
 * the arena's side: the whole arena seen as ``[blocks, layers, 2, kv_heads,
   page_size, head_dim]`` in the model's dtype -- the page layout
   (:mod:`.layout`).
@@ -15,7 +16,7 @@ two views of the same pages:
 A load copies vLLM block by block from arena blocks before the forward pass
 (``start_load_kv``, synchronous: the forward reads them at once); a store
 copies the other way after it (``wait_for_save``). Runs of consecutive ids on
-both sides become one strided slice copy per layer (K and V together); other
+both sides become one strided slice copy per layer and kind (K, V); other
 ids go through one gather/scatter per layer. With tensor parallelism each
 worker copies its own heads' share of every page.
 
@@ -51,12 +52,22 @@ def _layer_order(name: str) -> tuple[int, str]:
     return (int(match.group(1)) if match else 1 << 30, name)
 
 
-def paged_view(kv: torch.Tensor, block_size: int, heads: int, head_dim: int) -> torch.Tensor:
-    """vLLM's paged KV tensor of one layer as ``[blocks, 2 (K, V), heads, block_size, head_dim]`` (a view).
+def paged_kv_views(kv: torch.Tensor, block_size: int, heads: int, head_dim: int,
+                   cpu_isa: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's paged KV tensor of one layer as two views (keys, values), ``[blocks, heads, <token, dim>]``.
 
-    Layouts known: the CPU backend's ``[blocks, heads, block_size, 2 * head_dim]``
-    whose memory is, per block and head, the keys ``[block_size, head_dim]``
-    then the values; FlashAttention's ``[2, blocks, block_size, heads,
+    The trailing dimensions enumerate a block's tokens, then their head
+    dimensions, in order: ``(block_size, head_dim)``, or a split of both when
+    the kernel interleaves them (so that the view needs no copy). The page
+    side is viewed with the same trailing shape (:meth:`WorkerHalf._page_views`).
+
+    Layouts known: the CPU backend's ``[blocks, heads, block_size, 2 *
+    head_dim]`` (per block and head, the keys then the values, in the order
+    the attention kernel of ``cpu_isa`` writes them: ``vec``: keys
+    ``[head_dim, block_size]``, values ``[block_size, head_dim]``; ``amx``
+    (bfloat16): keys as 4-byte pairs of dims in groups of 16 tokens, values as
+    pairs of tokens in groups of 16 dims -- csrc/cpu/cpu_attn_vec.hpp and
+    cpu_attn_amx.hpp); FlashAttention's ``[2, blocks, block_size, heads,
     head_dim]``; FlashInfer's ``[blocks, 2, block_size, heads, head_dim]`` (NHD)
     and ``[blocks, 2, heads, block_size, head_dim]`` (HND). Anything else is a
     ValueError naming the shape.
@@ -64,14 +75,25 @@ def paged_view(kv: torch.Tensor, block_size: int, heads: int, head_dim: int) -> 
     shape = tuple(kv.shape)
     n, h, d = block_size, heads, head_dim
     if kv.dim() == 4 and shape[1:] == (h, n, 2 * d) and kv.is_contiguous():
-        return kv.view(shape[0], h, 2, n, d).permute(0, 2, 1, 3, 4)
+        blocks = shape[0]
+        halves = kv.view(blocks, h, 2, n * d)
+        keys, values = halves[:, :, 0], halves[:, :, 1]
+        if cpu_isa == "vec":
+            return keys.view(blocks, h, d, n).transpose(2, 3), values.view(blocks, h, n, d)
+        if cpu_isa == "amx" and kv.element_size() == 2 and n % 16 == 0 and d % 16 == 0:
+            # keys: [token group, dim pair, 16 tokens, 2 dims]; values: [dim group, token pair, 16 dims, 2 tokens]
+            k = keys.view(blocks, h, n // 16, d // 2, 16, 2).permute(0, 1, 2, 4, 3, 5)
+            v = values.view(blocks, h, d // 16, n // 2, 16, 2).permute(0, 1, 3, 5, 2, 4)
+            return k, v
+        raise ValueError(f"vLLM's CPU attention kernel {cpu_isa!r} keeps a KV layout pfxcache does not know "
+                         "(known: vec, amx with bfloat16)")
     if kv.dim() == 5:
         if shape[0] == 2 and shape[2:] == (n, h, d):
-            return kv.permute(1, 0, 3, 2, 4)
+            return kv[0].permute(0, 2, 1, 3), kv[1].permute(0, 2, 1, 3)
         if shape[1] == 2 and shape[2:] == (n, h, d):
-            return kv.permute(0, 1, 3, 2, 4)
+            return kv[:, 0].permute(0, 2, 1, 3), kv[:, 1].permute(0, 2, 1, 3)
         if shape[1] == 2 and shape[2:] == (h, n, d):
-            return kv
+            return kv[:, 0], kv[:, 1]
     raise ValueError(f"unknown paged KV layout {shape} (block_size {n}, {h} kv heads, head_dim {d})")
 
 
@@ -121,7 +143,7 @@ class WorkerHalf:
         self._open_arena = open_arena
         self._connect = connect
         self._socket_timeout = socket_timeout
-        self._layers: list[torch.Tensor] = []
+        self._layers: list[tuple[torch.Tensor, torch.Tensor]] = []   # per layer: vLLM's (keys, values) views
         self._arena_key: Any = None
         self._arena_view: Any = None
         self._pages: torch.Tensor | None = None   # the arena as [nblocks, L, 2, H, page, D]
@@ -134,8 +156,9 @@ class WorkerHalf:
 
     # -- vLLM's KV ---------------------------------------------------------------------------------
 
-    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        """Take vLLM's per-layer paged KV tensors (layer order from their names)."""
+    def register(self, kv_caches: dict[str, torch.Tensor], cpu_isa: str | None = None) -> None:
+        """Take vLLM's per-layer paged KV tensors (layer order from their names); ``cpu_isa``: the CPU
+        attention kernel's (its KV layout depends on it)."""
         names = sorted(kv_caches, key=_layer_order)
         g = self.geometry
         if len(names) != g.layers:
@@ -146,7 +169,7 @@ class WorkerHalf:
             if tensor.dtype != self._dtype:
                 raise ValueError(f"layer {name} keeps KV in {tensor.dtype}; the page layout is {g.dtype} "
                                  "(set kv_cache_dtype auto)")
-            views.append(paged_view(tensor, g.page_size, self.local_heads, g.head_dim))
+            views.append(paged_kv_views(tensor, g.page_size, self.local_heads, g.head_dim, cpu_isa))
         self._layers = views
 
     # -- the arena ---------------------------------------------------------------------------------
@@ -188,34 +211,44 @@ class WorkerHalf:
 
     # -- copies ------------------------------------------------------------------------------------
 
-    def _to_vllm(self, pages: torch.Tensor, page_ids: list[int], vllm_ids: list[int]) -> int:
-        """pages[page_ids] (this worker's heads) -> vLLM blocks vllm_ids, every layer; returns bytes."""
+    def _page_views(self, pages: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This worker's heads of every page's keys and values of ``layer``, shaped like vLLM's views."""
+        keys_view, values_view = self._layers[layer]
+        count = pages.shape[0]
+        keys = pages[:, layer, 0, self._heads].view(count, self.local_heads, *keys_view.shape[2:])
+        values = pages[:, layer, 1, self._heads].view(count, self.local_heads, *values_view.shape[2:])
+        return keys, values
+
+    def _copy(self, pages: torch.Tensor, page_ids: list[int], vllm_ids: list[int], to_vllm: bool) -> int:
+        """Between pages[page_ids] (this worker's heads) and vLLM's blocks vllm_ids, every layer; returns bytes.
+
+        Runs of ids consecutive on both sides are strided slice copies; many
+        short runs are one gather and one scatter per layer and kind.
+        """
         runs = _runs(page_ids, vllm_ids)
-        if len(runs) * 4 <= len(page_ids) or len(runs) <= 2:
-            for layer, view in enumerate(self._layers):
-                for src, dst, length in runs:
-                    view[dst:dst + length].copy_(pages[src:src + length, layer, :, self._heads])
-        else:
-            src_index = torch.tensor(page_ids, device=pages.device)
-            dst_index = torch.tensor(vllm_ids, device=self._layers[0].device)
-            for layer, view in enumerate(self._layers):
-                view.index_copy_(0, dst_index, pages[src_index, layer, :, self._heads].to(view.device))
+        few = len(runs) * 4 <= len(page_ids) or len(runs) <= 2
+        if not few:
+            page_index = torch.tensor(page_ids, device=pages.device)
+            vllm_index = torch.tensor(vllm_ids, device=self._layers[0][0].device)
+        for layer, vllm_views in enumerate(self._layers):
+            for vllm_view, page_view in zip(vllm_views, self._page_views(pages, layer)):
+                if few:
+                    for src, dst, length in runs:
+                        if to_vllm:
+                            vllm_view[dst:dst + length].copy_(page_view[src:src + length])
+                        else:
+                            page_view[src:src + length].copy_(vllm_view[dst:dst + length])
+                elif to_vllm:
+                    vllm_view.index_copy_(0, vllm_index, page_view.index_select(0, page_index).to(vllm_view.device))
+                else:
+                    page_view.index_copy_(0, page_index, vllm_view.index_select(0, vllm_index).to(page_view.device))
         return len(page_ids) * self.geometry.block_bytes // self.tp_size
 
+    def _to_vllm(self, pages: torch.Tensor, page_ids: list[int], vllm_ids: list[int]) -> int:
+        return self._copy(pages, page_ids, vllm_ids, to_vllm=True)
+
     def _from_vllm(self, vllm_ids: list[int], pages: torch.Tensor, page_ids: list[int]) -> int:
-        """vLLM blocks vllm_ids -> pages[page_ids] (this worker's heads), every layer; returns bytes."""
-        runs = _runs(vllm_ids, page_ids)
-        if len(runs) * 4 <= len(page_ids) or len(runs) <= 2:
-            for layer, view in enumerate(self._layers):
-                for src, dst, length in runs:
-                    pages[dst:dst + length, layer, :, self._heads].copy_(view[src:src + length])
-        else:
-            src_index = torch.tensor(vllm_ids, device=self._layers[0].device)
-            for layer, view in enumerate(self._layers):
-                block = view.index_select(0, src_index).to(pages.device)
-                for i, page in enumerate(page_ids):   # advanced-index assignment to a sliced view would copy
-                    pages[page, layer, :, self._heads].copy_(block[i])
-        return len(page_ids) * self.geometry.block_bytes // self.tp_size
+        return self._copy(pages, page_ids, vllm_ids, to_vllm=False)
 
     # -- RESP --------------------------------------------------------------------------------------
 
