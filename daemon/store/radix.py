@@ -52,6 +52,7 @@ class Node:
     """An edge of the tree and the node below it (the root has an empty key)."""
 
     __slots__ = (
+        "block_hash",
         "blocks",
         "blocks_encoded",
         "children",
@@ -85,6 +86,7 @@ class Node:
         self.policy_data = None  # owned by the eviction policy (policies.py); None until it sets it
         self.version = 0  # bumped on every change of eviction-index membership or priority
         self.evictable = False  # mirrors membership in the eviction index
+        self.block_hash = None  # KV events: hash of the last page, cached by block_hashes.end_hash
 
     @property
     def pages(self) -> int:
@@ -277,6 +279,7 @@ class RadixTree:
             del node.blocks[n - k :]
             node.blocks_encoded = None
             node.key = node.key[: (n - k) * self.page_bytes]
+            node.block_hash = None  # its last page changed
             self._count(-k, -k)
             return freed  # same priority, still a leaf: its index entries stay valid
         freed = node.blocks

@@ -26,6 +26,7 @@ import zlib
 from .allocator import LEASED, TREE, BlockAllocator
 from .arguments import TOKEN_BYTES, integer, namespace_name, packed_tokens, page_span
 from .errors import BadRequest, NoPrefix, OutOfMemory
+from .events import StoreEvents, announce_drop, announce_stored, announce_survivors, announce_trim, check_hashes
 from .inserts import InsertPlan
 from .invariants import check_store
 from .keyspace import NamespaceKeys
@@ -93,6 +94,18 @@ class PrefixStore:
         self.oom_refusals = 0
         self.inserts = 0
         self.stored = 0
+        self._events: StoreEvents | None = None  # KV events listener (events.py); None: events off
+
+    # -- KV events ------------------------------------------------------------------------------
+
+    @property
+    def events(self) -> StoreEvents | None:
+        """The listener told of every page stored and removed (None: none)."""
+        return self._events
+
+    def set_events(self, sink: StoreEvents | None) -> None:
+        """Set (or with None remove) the KV events listener; it hears only of changes from now on."""
+        self._events = sink
 
     # -- argument handling ----------------------------------------------------------------------
 
@@ -177,6 +190,8 @@ class PrefixStore:
             # so this is the same as evicting them one page at a time.
             k = min(n - evicted, len(node.blocks))
             tree = node.tree
+            if self._events is not None:
+                announce_trim(self._events, node, k)
             self._alloc.release(tree.trim(node, k))
             rec = self._ns[tree.scope]
             rec.evictions += k
@@ -188,6 +203,8 @@ class PrefixStore:
         return evicted
 
     def _drop(self, tree: RadixTree, top: Node, cause: str = "command") -> tuple[int, int]:
+        if self._events is not None:
+            announce_drop(self._events, tree, top)
         freed, pinned = tree.drop_subtree(top)
         self._alloc.release(freed)
         self._ns[tree.scope].evictions += len(freed)
@@ -369,6 +386,8 @@ class PrefixStore:
                 self._alloc.move(fresh, LEASED, TREE)
                 end = tree.add_leaf(node, plan.tokens[reached * P : plan.npages * P], fresh, now)
                 stored = len(fresh)
+                if self._events is not None:
+                    announce_stored(self._events, end)
         if plan.dup_blocks:
             self._alloc.release(plan.dup_blocks)
         tree.unpin(plan.node)
@@ -603,13 +622,26 @@ class PrefixStore:
         self.namespace_epoch += 1
 
     def flush(self) -> EvictResult:
-        """Drop every unpinned page of every namespace, and what the eviction policy learned from them."""
+        """Drop every unpinned page of every namespace, and what the eviction policy learned from them.
+
+        KV events: one "all cleared" for the lot, then the pages leases kept are announced again.
+        """
+        events, self._events = self._events, None
+        names = self.namespaces()
         evicted = pinned = 0
-        for name in list(self._ns):
-            e, _, p = self.evict_all(name, cause="flush")
-            evicted += e
-            pinned += p
+        try:
+            for name in list(self._ns):
+                e, _, p = self.evict_all(name, cause="flush")
+                evicted += e
+                pinned += p
+        finally:
+            self._events = events
         self.set_policy(self.policy)  # a fresh index: a learning policy starts over
+        if events is not None:
+            events.all_cleared(names)
+            for rec in self._ns.values():
+                for tree in rec.trees.values():
+                    announce_survivors(events, tree)
         return self._result(evicted, pinned)
 
     def evict_to_watermark(self, low_free_blocks: int) -> EvictResult:
@@ -707,4 +739,9 @@ class PrefixStore:
 
     def check(self) -> list[str]:
         """Verify every invariant; returns the violations (empty: consistent). O(n + nblocks)."""
-        return check_store(self)
+        problems = check_store(self)
+        if self._events is not None:  # cached block hashes are only kept up to date for a listener
+            for rec in self._ns.values():
+                for tree in rec.trees.values():
+                    problems += check_hashes(tree)
+        return problems
