@@ -38,6 +38,15 @@ ERR_CHANNEL_AFTER_ALL = (
 )
 
 NOPERM_KEY = "NOPERM this user has no permissions to access one of the keys used as arguments"
+NOPERM_CHANNEL = "NOPERM this user has no permissions to access one of the channels used as arguments"
+
+#: Commands whose arguments name channels, as Redis 7.0's ACL checks them: the first
+#: channel argument, the last (None: to the end), and whether they are patterns.
+CHANNEL_ARGS = {
+    "publish": (1, 2, False),
+    "subscribe": (1, None, False),
+    "psubscribe": (1, None, True),
+}
 
 
 class AclError(Exception):
@@ -96,6 +105,16 @@ class User:
             return True
         digest = hash_password(password)
         return any(hmac.compare_digest(digest, stored) for stored in self.passwords)
+
+    def channel_allowed(self, channel: bytes, is_pattern: bool) -> bool:
+        """Redis 7's ACLCheckChannelAgainstList: a pattern argument must equal an allowed pattern."""
+        if self.all_channels:
+            return True
+        for allowed in self.channel_patterns:
+            pattern = allowed.encode("utf-8", "surrogateescape")
+            if (pattern == channel) if is_pattern else stringmatchlen(pattern, channel):
+                return True
+        return False
 
     def key_allowed(self, key: bytes) -> bool:
         if self.all_keys:
@@ -159,6 +178,7 @@ class AclUsers:
             len(self.users) == 1
             and default is not None
             and default.all_keys
+            and default.all_channels
             and default.allowed >= self._all_fullnames()
         )
 
@@ -187,6 +207,12 @@ class AclUsers:
                 for position, _flags in keys:
                     if not user.key_allowed(argv[position]):
                         return NOPERM_KEY
+        channels = CHANNEL_ARGS.get(spec.fullname)
+        if channels is not None and not user.all_channels:
+            first, last, is_pattern = channels
+            for channel in argv[first:last]:
+                if not user.channel_allowed(channel, is_pattern):
+                    return NOPERM_CHANNEL
         return None
 
     # -- changes ---------------------------------------------------------------------

@@ -32,6 +32,8 @@ class Client:
         "is_unix",
         "query_buffered",
         "kill",
+        "pubsub",
+        "open_push",
     )
 
     def __init__(self, client_id: int, addr: str, laddr: str, fd: int, *, is_unix: bool = False) -> None:
@@ -56,14 +58,26 @@ class Client:
         self.query_buffered = 0
         #: Cancels the connection task (set by the connection).
         self.kill: Callable[[], None] = lambda: None
+        #: pubsub.ClientSubscriptions once the client subscribes (None before).
+        self.pubsub = None
+        #: Starts the connection's push writer and returns its push.PushQueue (set by the server).
+        self.open_push: Callable[[], object] = lambda: None
+
+    @property
+    def subscribed(self) -> bool:
+        """In Redis's subscribed state: at least one channel or pattern."""
+        return self.pubsub is not None and self.pubsub.count > 0
 
     def describe(self) -> str:
         """The ``CLIENT LIST`` line for this client (Redis 7.0.15's fields, in its order)."""
         now = time.monotonic()
+        subs = self.pubsub
+        sub, psub = (len(subs.channels), len(subs.patterns)) if subs is not None else (0, 0)
+        flags = ("P" if sub or psub else "") + ("U" if self.is_unix else "") or "N"
         return (
             f"id={self.id} addr={self.addr} laddr={self.laddr} fd={self.fd} name={self.name} "
             f"age={int(now - self.created)} idle={int(now - self.last_interaction)} "
-            f"flags={'U' if self.is_unix else 'N'} db={self.db} sub=0 psub=0 ssub=0 multi=-1 "
+            f"flags={flags} db={self.db} sub={sub} psub={psub} ssub=0 multi=-1 "
             f"qbuf={self.query_buffered} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=16384 rbp=0 "
             f"obl=0 oll=0 omem=0 tot-mem={self.query_buffered} events=r cmd={self.last_command} "
             f"user={self.user} redir=-1 resp={self.resp}"

@@ -185,11 +185,11 @@ async def serve_connection(server: Any, sock: socket.socket, client: Client) -> 
                 step = _run_buffered_requests(ctx, parser, out)
                 while step is not None:
                     if step is FLUSH:
-                        await _write(sock, out, stats, limit)
+                        await _write_replies(client, sock, out, stats, limit)
                     else:
                         _emit(ctx, parser, out, await execute_pending(ctx, step))
                     step = _run_buffered_requests(ctx, parser, out)
-                await _write(sock, out, stats, limit)
+                await _write_replies(client, sock, out, stats, limit)
             except OSError:  # the peer is gone
                 break
             finally:
@@ -199,6 +199,17 @@ async def serve_connection(server: Any, sock: socket.socket, client: Client) -> 
                 break
     finally:
         server.parsers.pop(client.id, None)
+
+
+async def _write_replies(client: Client, sock: socket.socket, out: ReplyBuffer, stats: Any,
+                         limit: OutputLimit) -> None:
+    """Write the buffered replies; with a push writer (a subscriber), under its lock so frames never interleave."""
+    subs = client.pubsub
+    if subs is None:
+        await _write(sock, out, stats, limit)
+        return
+    async with subs.push.lock:
+        await _write(sock, out, stats, limit)
 
 
 async def _write(sock: socket.socket, out: ReplyBuffer, stats: Any, limit: OutputLimit | None = None) -> None:

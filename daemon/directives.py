@@ -230,6 +230,38 @@ DIRECTIVES: tuple[Directive, ...] = (
         doc="Prefix of the shared-memory file's name. At startup, files with this prefix left "
         "by a daemon that no longer runs are removed.",
     ),
+    # --- KV events: what the store caches, for KV-aware routers (vLLM's ZMQ format) and pub/sub ---
+    Directive(
+        name="kv-events-endpoint", kind=String(), default="",
+        doc="ZMQ PUB address the daemon binds to publish KV events in vLLM's wire format "
+        "(BlockStored, BlockRemoved, AllBlocksCleared), e.g. tcp://127.0.0.1:5557; \"\" (the default) "
+        "publishes nothing. Routers such as Dynamo's KV indexer subscribe to it; each event names its "
+        "namespace as lora_name. CONFIG SET rebinds at once.",
+    ),
+    Directive(
+        name="kv-events-replay-endpoint", kind=String(), default="",
+        doc="ZMQ ROUTER address for replays: a consumer that missed batches (or joined late) asks for "
+        "the buffered ones from a sequence number on, as vLLM's replay socket answers. \"\" for none.",
+    ),
+    Directive(
+        name="kv-events-topic", kind=String(), default="",
+        doc="The topic frame of every KV events message (subscribers filter on its prefix).",
+    ),
+    Directive(
+        name="kv-events-replay-buffer", kind=Int(), default=10000, minimum=1, maximum=INT_MAX,
+        doc="Batches of KV events kept for the replay socket (the newest ones).",
+    ),
+    Directive(
+        name="kv-events-queue-size", kind=Int(), default=100000, minimum=1, maximum=INT_MAX,
+        doc="KV events waiting for the publisher thread at most; past it events are dropped and "
+        "counted (INFO kv_events_dropped) rather than slowing the daemon.",
+    ),
+    Directive(
+        name="kv-events-pubsub", kind=Bool(), default=False,
+        doc="Also publish the store's events on Redis pub/sub, one channel per namespace: "
+        "__kvevents@0__:<namespace>, with messages \"stored <parent|-> <hash> ...\", "
+        "\"removed <hash> ...\" and \"cleared\" (hashes in hex), as keyspace notifications do for keys.",
+    ),
     # --- Redis compatibility: accepted so that Redis tools and configs work ---
     Directive(
         name="databases", kind=Int(), default=1, minimum=1, maximum=INT_MAX, mutable=False,

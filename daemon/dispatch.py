@@ -17,6 +17,7 @@ from pfxcache.protocol.replies import Error
 from .commands.context import Context
 from .commands.spec import CommandSpec
 from .stats import Stats
+from .pubsub import SUBSCRIBED_COMMANDS, subscribed_error
 
 log = logging.getLogger("pfxcached")
 
@@ -62,6 +63,11 @@ def execute(ctx: Context, argv: list[bytes]) -> Any:
             reply = Error(denied)
             _record_error(stats, reply)
             return reply
+    if client.pubsub is not None and client.resp == 2 and client.subscribed \
+            and spec.fullname not in SUBSCRIBED_COMMANDS:
+        reply = Error(subscribed_error(spec.fullname))
+        _record_error(stats, reply)
+        return reply
     client.last_command = spec.fullname
     if spec.is_async:
         return Pending(spec, argv)

@@ -154,8 +154,8 @@ def _stats(server: ServerState) -> Fields:
         ("evicted_keys", keyspace["evicted_keys"]),
         ("keyspace_hits", keyspace["keyspace_hits"]),
         ("keyspace_misses", keyspace["keyspace_misses"]),
-        ("pubsub_channels", 0),
-        ("pubsub_patterns", 0),
+        ("pubsub_channels", len(server.pubsub.channels)),
+        ("pubsub_patterns", server.pubsub.numpat),
         ("total_error_replies", stats.total_error_replies),
         ("total_reads_processed", stats.total_reads_processed),
         ("total_writes_processed", stats.total_writes_processed),
@@ -232,6 +232,7 @@ SECTIONS: dict[str, tuple[str, Callable[[ServerState], Iterable[Any]], bool]] = 
 #: name -> (title, builder). Shown for ``everything``, ``modules`` or by name.
 MODULE_SECTIONS: dict[str, tuple[str, Callable[[ServerState], Iterable[Any]]]] = {
     "pfxcache": ("pfxcache", lambda server: server.prefix.info_section()),
+    "kvevents": ("kvevents", lambda server: server.kv_events.info_fields()),
 }
 
 

@@ -40,13 +40,17 @@ from .commands import (
     introspection,
     keyspace_commands,
     prefix_commands,
+    pubsub_commands,
     server_commands,
 )
 from .commands.table import CommandTable
 from .config import Config
-from .connection import serve_connection
+from .connection import send_chunks, serve_connection
+from .kv_event_service import KvEventService
 from .prefix import PrefixService
 from .process import ProcessMemory
+from .pubsub import PubSub
+from .push import PushQueue
 from .stats import Stats
 
 log = logging.getLogger("pfxcached")
@@ -80,7 +84,7 @@ def build_command_table() -> CommandTable:
     """The command table with every handler module bound to its rows."""
     table = CommandTable.load()
     for module in (connection_commands, server_commands, introspection, prefix_commands, acl_commands,
-                   keyspace_commands):
+                   keyspace_commands, pubsub_commands):
         table.bind_module(module)
     return table
 
@@ -201,6 +205,10 @@ class Server:
         self.commands = commands if commands is not None else build_command_table()
         self.stats = Stats()
         self.clients = ClientRegistry()
+        #: Redis pub/sub: channels, patterns and their subscribers.
+        self.pubsub = PubSub()
+        #: KV events (ZMQ publisher, pub/sub channels), started once the store exists.
+        self.kv_events = KvEventService(self)
         #: ACL users; ``default`` follows requirepass, as in Redis.
         self.acl = AclUsers(self.commands)
         self.acl.set_default_password(config["requirepass"])
@@ -316,10 +324,18 @@ class Server:
                 listener.close()
             raise StartupError(f"Cannot create the block arena: {exc}") from exc
         try:
+            self.kv_events.start()
+        except ValueError as exc:
+            for listener in self._listeners:
+                listener.close()
+            self.prefix.close()
+            raise StartupError(f"Cannot publish KV events: {exc}") from exc
+        try:
             self._write_pidfile()
         except OSError as exc:
             for listener in self._listeners:
                 listener.close()
+            self.kv_events.close()
             self.prefix.close()
             raise StartupError(f"Can't write the pidfile {self.config['pidfile']}: {exc.strerror}") from exc
         try:
@@ -350,6 +366,7 @@ class Server:
                 listener.close()
                 if listener.is_unix:
                     _unlink_quietly(listener.address)
+            self.kv_events.close()
             self.prefix.close()
             self._remove_pidfile()
             log.warning("pfxcached is now ready to exit, bye bye...")
@@ -426,17 +443,29 @@ class Server:
     async def _run_client(self, sock: stdlib_socket.socket, client: Client) -> None:
         with trio.CancelScope() as scope:
             client.kill = scope.cancel
+            client.open_push = lambda: self._open_push(sock, client)
             try:
                 await serve_connection(self, sock, client)
             except Exception:  # a bug must cost this connection, never the server
                 log.exception("Closing client id=%d addr=%s after an internal error", client.id, client.addr)
             finally:
                 self.clients.remove(client)
+                if client.pubsub is not None:
+                    self.pubsub.drop_client(client)
+                    client.pubsub.push.close()
+                    trio.lowlevel.notify_closing(sock)  # wakes its push writer if it waits on the socket
                 sock.close()
                 # Leases belong to their connection: a worker that dies frees its pins. Shielded:
                 # a killed client's scope is cancelled, and its leases must go all the same.
                 with trio.CancelScope(shield=True):
                     await self.prefix.release_owner(client.id)
+
+    def _open_push(self, sock: stdlib_socket.socket, client: Client) -> PushQueue:
+        """Start the writer task of a connection's out-of-band frames (its first SUBSCRIBE)."""
+        push = PushQueue(self, client, lambda chunks: send_chunks(sock, chunks))
+        assert self._connection_nursery is not None
+        self._connection_nursery.start_soon(push.run)
+        return push
 
     async def _cron(self) -> None:
         """Periodic work, like Redis's serverCron: ops/sec samples, idle timeouts, memory peak."""

@@ -23,6 +23,7 @@ Python value         RESP3                     RESP2
 ``set``/``Set``      ``~n`` set                ``*n`` array
 ``Verbatim``         ``=len`` ``txt:...``      bulk string
 ``Push``             ``>n`` push               ``*n`` array
+``Replies``          each item, back to back   same
 ==================  ========================  ===========================
 
 Attribute frames (``|``) are never produced: redis-py mishandles them.
@@ -43,6 +44,7 @@ __all__ = [
     "Error",
     "Verbatim",
     "Push",
+    "Replies",
     "Set",
     "IntArray",
     "encode_int_elements",
@@ -91,6 +93,13 @@ class Verbatim:
 @dataclass(frozen=True, slots=True)
 class Push:
     """An out-of-band RESP3 push message; an array for RESP2."""
+
+    items: list
+
+
+@dataclass(frozen=True, slots=True)
+class Replies:
+    """Several top-level replies to one command, in order (SUBSCRIBE a b answers once per channel)."""
 
     items: list
 
@@ -331,6 +340,11 @@ def _encode_push(buf: ReplyBuffer, value: Push, resp: int) -> None:
         encode_into(buf, item, resp)
 
 
+def _encode_replies(buf: ReplyBuffer, value: Replies, resp: int) -> None:
+    for item in value.items:
+        encode_into(buf, item, resp)
+
+
 #: Exact type -> encoder: one dict lookup per value on the hot path. Subclasses
 #: (a dict subclass, an IntEnum ...) are found by the isinstance walk below.
 _ENCODERS: dict[type, Any] = {
@@ -355,6 +369,7 @@ _ENCODERS: dict[type, Any] = {
     Set: _encode_set,
     Verbatim: _encode_verbatim,
     Push: _encode_push,
+    Replies: _encode_replies,
 }
 
 

@@ -53,6 +53,8 @@ def authenticate(ctx: Context, username: bytes, password: bytes) -> bool:
 def ping(ctx: Context, argv: list[bytes]) -> Any:
     if len(argv) > 2:
         return arity_error("ping")
+    if ctx.client.resp == 2 and ctx.client.subscribed:  # Redis answers a subscriber with a pong array
+        return [b"pong", argv[1] if len(argv) == 2 else b""]
     return PONG if len(argv) == 1 else argv[1]
 
 
@@ -144,6 +146,7 @@ def quit_(ctx: Context, argv: list[bytes]) -> Any:
 @handles("reset")
 def reset(ctx: Context, argv: list[bytes]) -> Any:
     client = ctx.client
+    ctx.server.pubsub.drop_client(client)  # RESET leaves the subscribed state
     client.resp = 2
     client.db = 0
     client.name = ""
@@ -213,13 +216,16 @@ def client_setname(ctx: Context, argv: list[bytes]) -> Any:
     return OK
 
 
-def _client_type_matches(kind: bytes) -> bool | None:
-    """Every client here is a normal one; None for an unknown type name."""
+def _client_type_matches(kind: bytes) -> Any:
+    """A predicate on clients for a CLIENT LIST/KILL TYPE (subscribers are pubsub, the others
+    normal; there are no masters or replicas); None for an unknown type name."""
     kind = kind.lower()
-    if kind in (b"normal",):
-        return True
-    if kind in (b"master", b"replica", b"slave", b"pubsub"):
-        return False
+    if kind == b"normal":
+        return lambda client: not client.subscribed
+    if kind == b"pubsub":
+        return lambda client: client.subscribed
+    if kind in (b"master", b"replica", b"slave"):
+        return lambda client: False
     return None
 
 
@@ -233,8 +239,7 @@ def client_list(ctx: Context, argv: list[bytes]) -> Any:
             matches = _client_type_matches(argv[position + 1])
             if matches is None:
                 return Error(f"ERR Unknown client type '{argv[position + 1].decode('utf-8', 'replace')}'")
-            if not matches:
-                clients = []
+            clients = [client for client in clients if matches(client)]
             position += 2
         elif option == b"id" and position + 1 < len(argv):
             wanted = set()
@@ -282,7 +287,7 @@ def client_kill(ctx: Context, argv: list[bytes]) -> Any:
             matches = _client_type_matches(raw)
             if matches is None:
                 return Error(f"ERR Unknown client type '{value}'")
-            filters.append(lambda client, keep=matches: keep)
+            filters.append(matches)
         elif option == b"addr":
             filters.append(lambda client, wanted=value: client.addr == wanted)
         elif option == b"laddr":

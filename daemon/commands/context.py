@@ -18,8 +18,10 @@ if TYPE_CHECKING:  # types only: nothing here is needed at import time
     from ..acl import AclUsers
     from ..clients import Client, ClientRegistry
     from ..config import Config
+    from ..kv_event_service import KvEventService
     from ..prefix import PrefixService
     from ..process import ProcessMemory
+    from ..pubsub import PubSub
     from ..stats import Stats
     from .table import CommandTable
 
@@ -46,6 +48,9 @@ class ServerState(Protocol):
     #: The prefix store service; set before the first client connects.
     prefix: PrefixService
     memory: ProcessMemory
+    #: Redis pub/sub channels and patterns; KV events (ZMQ publisher, pub/sub channels).
+    pubsub: PubSub
+    kv_events: KvEventService
     run_id: str
     version: str
     redis_version: str

@@ -1,0 +1,130 @@
+"""Pub/sub commands: SUBSCRIBE, UNSUBSCRIBE, PSUBSCRIBE, PUNSUBSCRIBE, PUBLISH, PUBSUB.
+
+Replies are redis-server 7.0's, byte for byte: one ``subscribe``/``unsubscribe``
+(``psubscribe``...) reply per channel, each with the client's subscription
+count after it, as a RESP2 array or a RESP3 push; ``UNSUBSCRIBE`` with no
+argument and no subscription answers with a null channel. The state lives in
+``daemon/pubsub.py``; messages reach a subscriber through its push queue.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pfxcache.protocol.replies import Push, Replies
+
+from ..pubsub import ClientSubscriptions
+from . import handles
+
+PUBSUB_HELP = [
+    "PUBSUB <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "CHANNELS [<pattern>]",
+    "    Return the currently active channels matching a <pattern> (default: '*').",
+    "NUMPAT",
+    "    Return number of subscriptions to patterns.",
+    "NUMSUB [<channel> ...]",
+    "    Return the number of subscribers for the specified channels, excluding",
+    "    pattern subscriptions(default: no channels).",
+    "SHARDCHANNELS [<pattern>]",
+    "    Return the currently active shard level channels matching a <pattern> (default: '*').",
+    "SHARDNUMSUB [<shardchannel> ...]",
+    "    Return the number of subscribers for the specified shard level channel(s)",
+    "HELP",
+    "    Prints this help.",
+]
+
+
+def _subscriptions(ctx: Any) -> ClientSubscriptions:
+    client = ctx.client
+    if client.pubsub is None:
+        client.pubsub = ClientSubscriptions(client.open_push())
+    return client.pubsub
+
+
+@handles("subscribe")
+def subscribe(ctx: Any, argv: list[bytes]) -> Any:
+    subs = _subscriptions(ctx)
+    hub = ctx.server.pubsub
+    replies = []
+    for channel in argv[1:]:
+        hub.subscribe(ctx.client, channel)
+        replies.append(Push([b"subscribe", channel, subs.count]))
+    return Replies(replies)
+
+
+@handles("psubscribe")
+def psubscribe(ctx: Any, argv: list[bytes]) -> Any:
+    subs = _subscriptions(ctx)
+    hub = ctx.server.pubsub
+    replies = []
+    for pattern in argv[1:]:
+        hub.psubscribe(ctx.client, pattern)
+        replies.append(Push([b"psubscribe", pattern, subs.count]))
+    return Replies(replies)
+
+
+def _unsubscribe(ctx: Any, argv: list[bytes], kind: bytes, patterns: bool) -> Any:
+    client = ctx.client
+    hub = ctx.server.pubsub
+    subs = client.pubsub
+    drop = hub.punsubscribe if patterns else hub.unsubscribe
+    names = argv[1:]
+    if not names:
+        names = list((subs.patterns if patterns else subs.channels) if subs is not None else ())
+        if not names:
+            return Push([kind, None, subs.count if subs is not None else 0])
+    replies = []
+    for name in names:
+        drop(client, name)
+        replies.append(Push([kind, name, subs.count if subs is not None else 0]))
+    return Replies(replies)
+
+
+@handles("unsubscribe")
+def unsubscribe(ctx: Any, argv: list[bytes]) -> Any:
+    return _unsubscribe(ctx, argv, b"unsubscribe", patterns=False)
+
+
+@handles("punsubscribe")
+def punsubscribe(ctx: Any, argv: list[bytes]) -> Any:
+    return _unsubscribe(ctx, argv, b"punsubscribe", patterns=True)
+
+
+@handles("publish")
+def publish(ctx: Any, argv: list[bytes]) -> Any:
+    return ctx.server.pubsub.publish(argv[1], argv[2])
+
+
+@handles("pubsub|channels")
+def pubsub_channels(ctx: Any, argv: list[bytes]) -> Any:
+    if len(argv) > 3:
+        return _unknown_subcommand(argv)
+    return ctx.server.pubsub.channel_names(argv[2] if len(argv) == 3 else None)
+
+
+@handles("pubsub|numsub")
+def pubsub_numsub(ctx: Any, argv: list[bytes]) -> Any:
+    hub = ctx.server.pubsub
+    out: list[Any] = []
+    for channel in argv[2:]:
+        out += [channel, hub.numsub(channel)]
+    return out
+
+
+@handles("pubsub|numpat")
+def pubsub_numpat(ctx: Any, argv: list[bytes]) -> Any:
+    return ctx.server.pubsub.numpat
+
+
+@handles("pubsub|help")
+def pubsub_help(ctx: Any, argv: list[bytes]) -> Any:
+    from pfxcache.protocol.replies import SimpleString
+
+    return [SimpleString(line) for line in PUBSUB_HELP]
+
+
+def _unknown_subcommand(argv: list[bytes]) -> Any:
+    from pfxcache.protocol.replies import Error
+
+    sub = argv[1].decode("utf-8", "replace")
+    return Error(f"ERR unknown subcommand or wrong number of arguments for '{sub}'. Try PUBSUB HELP.")

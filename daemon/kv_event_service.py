@@ -1,0 +1,155 @@
+"""The daemon's KV events: the store's events to the ZMQ publisher and to pub/sub, as the directives say.
+
+``kv-events-endpoint`` (and ``-replay-endpoint``) start, rebind or stop the
+ZMQ publisher (``kv_events.py``) at once when CONFIG SET changes them; a bind
+that fails vetoes the change and the previous sockets stay. The topic, the
+replay buffer and the queue size apply to the running publisher. With
+``kv-events-pubsub yes`` the same events go to the Redis channels
+``__kvevents@0__:<namespace>`` (``KvEventChannels``). The store hears of
+neither: it calls one sink, set here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .kv_events import EventFanout, KvEventPublisher
+
+log = logging.getLogger("pfxcached")
+
+CHANNEL_PREFIX = b"__kvevents@0__:"
+
+
+def _hex(value: int) -> bytes:
+    return b"%016x" % value
+
+
+class KvEventChannels:
+    """A store sink that publishes compact messages on one pub/sub channel per namespace.
+
+    Messages: ``stored <parent|-> <hash> ...``, ``removed <hash> ...``,
+    ``cleared`` (hashes as 16 hex digits). Nothing is encoded for a channel
+    nobody listens to.
+    """
+
+    def __init__(self, pubsub: Any) -> None:
+        self.pubsub = pubsub
+
+    def blocks_stored(self, namespace: bytes, parent_hash: int | None, block_hashes: list[int],
+                      tokens: bytes) -> None:
+        channel = CHANNEL_PREFIX + namespace
+        if self.pubsub.has_listeners(channel):
+            parent = b"-" if parent_hash is None else _hex(parent_hash)
+            self.pubsub.publish(channel, b" ".join([b"stored", parent, *map(_hex, block_hashes)]))
+
+    def blocks_removed(self, namespace: bytes, block_hashes: list[int]) -> None:
+        channel = CHANNEL_PREFIX + namespace
+        if self.pubsub.has_listeners(channel):
+            self.pubsub.publish(channel, b" ".join([b"removed", *map(_hex, block_hashes)]))
+
+    def all_cleared(self, namespaces: list[bytes]) -> None:
+        for namespace in namespaces:
+            channel = CHANNEL_PREFIX + namespace
+            if self.pubsub.has_listeners(channel):
+                self.pubsub.publish(channel, b"cleared")
+
+
+class KvEventService:
+    """Owns the publisher and the channels sink; keeps the store's sink in step with the directives."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.config = server.config
+        self.publisher: KvEventPublisher | None = None
+        self.channels: KvEventChannels | None = None
+        config = self.config
+        config.on_change("kv-events-endpoint", self._rebind)
+        config.on_change("kv-events-replay-endpoint", self._rebind)
+        config.on_change("kv-events-topic", lambda _old, new: self._set("topic", new))
+        config.on_change("kv-events-queue-size", lambda _old, new: self._set("queue_size", new))
+        config.on_change("kv-events-replay-buffer", self._resize_replay)
+        config.on_change("kv-events-pubsub", lambda _old, new: self._set_channels(new))
+
+    # -- lifecycle (the server calls start once the store exists, close at exit) -----------------------
+
+    def start(self) -> None:
+        """Open what the configuration asks for; ValueError when the publisher cannot bind."""
+        if self.config["kv-events-endpoint"]:
+            self.publisher = self._new_publisher()
+            self.publisher.start()
+        if self.config["kv-events-pubsub"]:
+            self.channels = KvEventChannels(self.server.pubsub)
+        self._attach()
+
+    def close(self) -> None:
+        if self.server.prefix is not None:
+            self.server.prefix.store.set_events(None)
+        if self.publisher is not None:
+            self.publisher.stop()
+            self.publisher = None
+
+    # -- wiring ------------------------------------------------------------------------------------------
+
+    def _new_publisher(self) -> KvEventPublisher:
+        config = self.config
+        prefix = self.server.prefix
+        medium = "GPU" if config["arena"] == "cuda" else "CPU"
+        return KvEventPublisher(
+            endpoint=config["kv-events-endpoint"], replay_endpoint=config["kv-events-replay-endpoint"],
+            topic=config["kv-events-topic"], page_size=prefix.store.page_size, medium=medium,
+            queue_size=config["kv-events-queue-size"], replay_buffer=config["kv-events-replay-buffer"],
+        )
+
+    def _attach(self) -> None:
+        prefix = self.server.prefix
+        if prefix is None:
+            return
+        sinks = [sink for sink in (self.publisher, self.channels) if sink is not None]
+        prefix.store.set_events(None if not sinks else sinks[0] if len(sinks) == 1 else EventFanout(sinks))
+
+    def _rebind(self, _old: Any, _new: Any) -> None:
+        """CONFIG SET of an endpoint: the new sockets replace the old ones, or the change is refused."""
+        if self.server.prefix is None:  # not started yet: start() reads the new values
+            return
+        old = self.publisher
+        if old is not None:
+            old.stop()
+        self.publisher = None
+        if self.config["kv-events-endpoint"]:
+            fresh = self._new_publisher()
+            if old is not None:
+                fresh.continue_from(old)
+            try:
+                fresh.start()
+            except ValueError:
+                if old is not None:  # put the previous sockets back, then veto
+                    old.restart()
+                    self.publisher = old
+                self._attach()
+                raise
+            self.publisher = fresh
+        self._attach()
+
+    def _set(self, attribute: str, value: Any) -> None:
+        if self.publisher is not None:
+            setattr(self.publisher, attribute, value)
+
+    def _resize_replay(self, _old: Any, new: int) -> None:
+        if self.publisher is not None:
+            self.publisher.set_replay_buffer(new)
+
+    def _set_channels(self, enabled: bool) -> None:
+        self.channels = KvEventChannels(self.server.pubsub) if enabled else None
+        self._attach()
+
+    # -- INFO kvevents -------------------------------------------------------------------------------------
+
+    def info_fields(self) -> list[tuple[str, Any]]:
+        fields: list[tuple[str, Any]] = [
+            ("kv_events_enabled", int(self.publisher is not None)),
+            ("kv_events_pubsub", int(self.channels is not None)),
+        ]
+        if self.publisher is not None:
+            fields += self.publisher.describe()
+        return fields
