@@ -12,9 +12,12 @@ neither: it calls one sink, set here.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .kv_events import EventFanout, KvEventPublisher
+from .store.events import EventFanout
+
+if TYPE_CHECKING:
+    from .kv_events import KvEventPublisher
 
 log = logging.getLogger("pfxcached")
 
@@ -62,6 +65,8 @@ class KvEventService:
         self.server = server
         self.config = server.config
         self.publisher: KvEventPublisher | None = None
+        #: The last publisher stopped: a new one continues its sequence, so seq never goes back.
+        self._previous: KvEventPublisher | None = None
         self.channels: KvEventChannels | None = None
         config = self.config
         config.on_change("kv-events-endpoint", self._rebind)
@@ -92,6 +97,9 @@ class KvEventService:
     # -- wiring ------------------------------------------------------------------------------------------
 
     def _new_publisher(self) -> KvEventPublisher:
+        # Imported here: pyzmq and msgspec are needed only when KV events are published.
+        from .kv_events import KvEventPublisher
+
         config = self.config
         prefix = self.server.prefix
         medium = "GPU" if config["arena"] == "cuda" else "CPU"
@@ -115,11 +123,12 @@ class KvEventService:
         old = self.publisher
         if old is not None:
             old.stop()
+            self._previous = old
         self.publisher = None
         if self.config["kv-events-endpoint"]:
             fresh = self._new_publisher()
-            if old is not None:
-                fresh.continue_from(old)
+            if self._previous is not None:
+                fresh.continue_from(self._previous)
             try:
                 fresh.start()
             except ValueError:

@@ -293,22 +293,3 @@ class KvEventPublisher:
             ("kv_events_last_seq", self.last_seq),
             ("kv_events_replay_requests", self.replay_requests),
         ]
-
-
-class EventFanout:
-    """One store sink that forwards to several (the ZMQ publisher and the pub/sub channels)."""
-
-    def __init__(self, sinks: list) -> None:
-        self.sinks = sinks
-
-    def blocks_stored(self, namespace, parent_hash, block_hashes, tokens) -> None:
-        for sink in self.sinks:
-            sink.blocks_stored(namespace, parent_hash, block_hashes, tokens)
-
-    def blocks_removed(self, namespace, block_hashes) -> None:
-        for sink in self.sinks:
-            sink.blocks_removed(namespace, block_hashes)
-
-    def all_cleared(self, namespaces) -> None:
-        for sink in self.sinks:
-            sink.all_cleared(namespaces)

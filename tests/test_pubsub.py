@@ -16,7 +16,8 @@ import hiredis
 import pytest
 import redis
 
-from support import encode_command, start_daemon, start_redis_server, wait_for
+from pfxcache.testing import encode_command, start_daemon, start_redis_server
+from support import wait_for
 
 
 class Conn:

@@ -49,6 +49,25 @@ class EventLog:
         self.events.append(("cleared", list(namespaces)))
 
 
+class EventFanout:
+    """One store sink that forwards to several (the ZMQ publisher and the pub/sub channels)."""
+
+    def __init__(self, sinks: list) -> None:
+        self.sinks = sinks
+
+    def blocks_stored(self, namespace, parent_hash, block_hashes, tokens) -> None:
+        for sink in self.sinks:
+            sink.blocks_stored(namespace, parent_hash, block_hashes, tokens)
+
+    def blocks_removed(self, namespace, block_hashes) -> None:
+        for sink in self.sinks:
+            sink.blocks_removed(namespace, block_hashes)
+
+    def all_cleared(self, namespaces) -> None:
+        for sink in self.sinks:
+            sink.all_cleared(namespaces)
+
+
 # -- what the store calls, given the radix nodes concerned -------------------------------------------
 
 
