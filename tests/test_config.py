@@ -197,6 +197,13 @@ EXPECTED_DEFAULTS = {
     "arena": "shm",
     "arena-name": "pfxcache",
     "arena-device": 0,
+    # KV events
+    "kv-events-endpoint": "",
+    "kv-events-replay-endpoint": "",
+    "kv-events-topic": "",
+    "kv-events-replay-buffer": 10000,
+    "kv-events-queue-size": 100000,
+    "kv-events-pubsub": False,
 }
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import time
 
 import pytest
 import redis
@@ -60,10 +61,18 @@ class Fleet:
         return self.r.execute_command("PFXGET", ns, "TOKENS", *ids, "NOLEASE")[1]
 
     def barrier(self):
-        ids = [10**6 + next(_barrier)] * PAGE
-        self.store("barrier", ids)
-        wait_for(lambda: self.indexer.query(ids, "barrier").get(1, 0) == PAGE, 60,
-                 f"the indexer to apply the events\n{self.indexer.log()}")
+        """Store fresh barrier prompts until the indexer shows one (a SUB socket that is still
+        connecting misses what is sent meanwhile, so one barrier alone could go unseen forever)."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            ids = [10**6 + next(_barrier)] * PAGE
+            self.store("barrier", ids)
+            try:
+                wait_for(lambda: self.indexer.query(ids, "barrier").get(1, 0) == PAGE, 1, "a barrier")
+                return
+            except AssertionError:
+                continue
+        raise AssertionError(f"the indexer never applied the events\n{self.indexer.log()}")
 
     def compare(self, prompts):
         self.barrier()
