@@ -165,7 +165,7 @@ class ShmArenaView:
 
     backend = "shm"
 
-    def __init__(self, path: str, block_bytes: int, nblocks: int) -> None:
+    def __init__(self, path: str, block_bytes: int, nblocks: int, inode: int | None = None) -> None:
         self.path = path
         self.block_bytes = int(block_bytes)
         self.nblocks = int(nblocks)
@@ -179,6 +179,9 @@ class ShmArenaView:
             if actual != size:
                 # Not the daemon's arena (another host's file of the same name, or a stale one).
                 raise AttachError(f"{path} is {actual} bytes, the daemon's arena is {size}")
+            if inode is not None and os.fstat(fd).st_ino != inode:
+                # A file of the same name and size that is not the daemon's arena (a stale one).
+                raise AttachError(f"{path} is not the daemon's arena (inode {os.fstat(fd).st_ino}, not {inode})")
             # mmap rather than multiprocessing.shared_memory: its resource tracker would
             # unlink the daemon's file when this worker exits.
             self._mmap = mmap.mmap(fd, size)
@@ -189,7 +192,7 @@ class ShmArenaView:
     @classmethod
     def from_info(cls, arena: dict) -> ShmArenaView:
         """Map the arena PFXINFO describes (its ``arena`` map)."""
-        return cls(arena["path"], arena["block_bytes"], arena["nblocks"])
+        return cls(arena["path"], arena["block_bytes"], arena["nblocks"], arena.get("inode"))
 
     # -- ids ---------------------------------------------------------------------------------------
 

@@ -63,6 +63,7 @@ class PrefixCache(CacheCore):
             client = redis.Redis(connection_pool=client.connection_pool, single_connection_client=True)
             self._derived = True
         self._client = client
+        self._watch_connection()
 
     @classmethod
     def from_url(cls, url: str, *, attach: bool | None = None, **kwargs: Any) -> PrefixCache:
@@ -277,6 +278,9 @@ class AsyncPrefixCache(CacheCore):
             return await self._client.execute_command(*args, **{NEVER_DECODE: True})
         except redis.ResponseError as exc:
             raise translate(exc) from None
+        finally:
+            if self._watching is None:
+                self._watch_connection()  # redis.asyncio makes the connection on the first command
 
     async def _run(self, steps: Steps) -> Any:
         """Carry an operation's steps out, one awaited round trip per request (see .core)."""

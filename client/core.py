@@ -96,6 +96,15 @@ class CacheCore:
         self._attach_tried = attach is False
         self._attach_error: str | None = "attach=False" if attach is False else None
         self._geometry: Info | None = None
+        # Daemon restarts: redis-py reconnects silently, and a new daemon has a new arena. Every
+        # (re)connect of the cache's connection counts here (_on_connect); the geometry and the
+        # mapping remember the count they were read at, and block ids that came over a newer
+        # connection are used only after re-reading PFXINFO and, for a new arena, re-mapping.
+        self._connects = 0
+        self._watching = None  # the connection whose connects are counted
+        self._geometry_at = 0
+        self._mapped_at = 0
+        self._arena_id: str | None = None
         self._closed = False
         # Leases of results garbage-collected unreleased (see replies._Leased), released by the
         # front end as soon as the connection is free. A deque: appends may come from any thread.
@@ -139,10 +148,22 @@ class CacheCore:
             raise AttachError(f"the daemon at {host} is not on this host (pass attach=True to map its arena anyway)")
         return open_arena(info.arena)
 
+    def _on_connect(self, connection: Any) -> None:
+        self._connects += 1
+
+    def _watch_connection(self) -> None:
+        """Count the (re)connects of the cache's connection from now on (see __init__)."""
+        connection = self._client.connection
+        if connection is not None and connection is not self._watching:
+            connection.register_connect_callback(self._on_connect)
+            self._watching = connection
+
     def _attached_now(self, info: Info, explicit: bool) -> Any:
         self._attach_tried = True
         try:
             self._arena = self._open(info)
+            self._arena_id = info.arena.get("id")
+            self._mapped_at = self._geometry_at
             self._attach_error = None
         except AttachError as exc:
             self._attach_error = str(exc)
@@ -174,9 +195,32 @@ class CacheCore:
     # -- the steps of each operation -----------------------------------------------------------------
 
     def _geometry_steps(self) -> Steps:
-        if self._geometry is None:
+        if self._geometry is None or self._geometry_at != self._connects:
+            seen = self._connects
             self._geometry = yield from self._info_steps(None)
+            self._geometry_at = seen
         return self._geometry
+
+    def _current_arena_steps(self) -> Steps:
+        """The mapping to use for block ids just received: re-checked first when the connection was
+        re-established since it was mapped (the ids may come from a restarted daemon)."""
+        if self._arena is None or self._mapped_at == self._connects:
+            return self._arena
+        seen = self._connects
+        info = yield from self._info_steps(None)
+        if self._connects != seen:
+            raise LeaseLostError("the connection to the daemon was re-established twice in one operation: "
+                                 "its block ids cannot be trusted")
+        self._geometry, self._geometry_at = info, seen
+        if info.arena.get("id") != self._arena_id:
+            # A new daemon or arena: the old mapping must never be read or written again.
+            self._release_arena()
+            try:
+                self._attached_now(info, explicit=True)
+            except AttachError as exc:
+                raise LeaseLostError(f"the daemon restarted and its new arena cannot be mapped: {exc}") from exc
+        self._mapped_at = seen
+        return self._arena
 
     def _ensure_attached_steps(self) -> Steps:
         if not self._attach_tried:
@@ -200,6 +244,8 @@ class CacheCore:
         match = yield Request(commands.pfxget(key, packed, lease=lease, ttl_ms=ttl_ms, with_data=with_data), decode)
         if with_data:
             match.via = "resp"
+        elif match.blocks:
+            yield from self._current_arena_steps()  # the caller reads these blocks through cache.arena
         return match
 
     def _store_steps(self, key: Any, tokens: Any, data: Any, offset: int) -> Steps:
@@ -210,7 +256,9 @@ class CacheCore:
         def decode(reply: Any) -> Allocation:
             return self._leased(replies.allocation(reply, self.release, self._is_async, self._lease_dropped))
 
-        return (yield Request(commands.pfxalloc(key, n, ttl_ms), decode))
+        allocation = yield Request(commands.pfxalloc(key, n, ttl_ms), decode)
+        yield from self._current_arena_steps()  # the caller writes these blocks through cache.arena
+        return allocation
 
     def _commit_steps(self, key: Any, tokens: Any, blocks: Any, offset: int) -> Steps:
         if isinstance(blocks, Allocation):
@@ -255,6 +303,7 @@ class CacheCore:
         if arena is not None:
             match = yield from self._lookup_steps(key, packed_tokens(packed), True, ttl_ms, False)
             try:
+                arena = self._arena  # re-mapped by the lookup when the daemon restarted
                 if match.blocks:
                     arena.read_into(match.blocks, out)
             finally:
@@ -279,7 +328,7 @@ class CacheCore:
             return (yield from self._store_steps(key, packed_tokens(packed), src, offset))
         allocation = yield from self._alloc_steps(key, pages, ttl_ms)
         try:
-            arena.write_from(allocation.blocks, src)
+            self._arena.write_from(allocation.blocks, src)  # re-mapped by the alloc after a restart
             return (yield from self._commit_steps(key, packed_tokens(packed), allocation.blocks, offset))
         finally:
             yield from self._release_steps((allocation,))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import secrets
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -21,6 +22,13 @@ from .errors import BadRequest
 SHM_DIR = "/dev/shm"
 #: Past this many runs of consecutive ids, zero() does one fancy-indexed store instead of a memset per run.
 MAX_ZERO_RUNS = 32
+
+
+def new_arena_id() -> str:
+    """A random id for one arena's life: a worker whose connection comes back compares it with the
+    one it mapped, and re-attaches when the daemon (or its arena) is a new one, even one with the
+    same pid, port and file name (a restarted container)."""
+    return secrets.token_hex(8)
 
 
 class Arena:
@@ -34,6 +42,7 @@ class Arena:
         self.block_bytes = block_bytes
         self.nblocks = nblocks
         self.name = name
+        self.id = new_arena_id()
         self._buffer = buffer
         self._mv = memoryview(buffer)
         self._blocks = np.frombuffer(buffer, dtype=np.uint8, count=block_bytes * nblocks).reshape(nblocks, block_bytes)
@@ -103,6 +112,7 @@ class Arena:
         """Backend, name and size, for INFO and for workers that map the arena."""
         return {
             "backend": self.backend,
+            "id": self.id,
             "name": self.name,
             "size": self.size,
             "block_bytes": self.block_bytes,
@@ -178,6 +188,7 @@ class ShmArena(Arena):
             elif os.fstat(fd).st_size < size:
                 raise ValueError(f"{self.path} is smaller than {size} bytes")
             mapping = mmap.mmap(fd, size)
+            self._inode = os.fstat(fd).st_ino
         except BaseException:
             os.close(fd)
             if create:
@@ -204,6 +215,8 @@ class ShmArena(Arena):
     def describe(self) -> dict:
         info = super().describe()
         info["path"] = self.path
+        # The file's identity: a worker checks that the file it opened by path is this one.
+        info["inode"] = self._inode
         return info
 
     def close(self) -> None:

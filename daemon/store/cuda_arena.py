@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .arena import Arena
+from .arena import Arena, new_arena_id
 from .errors import BadRequest
 
 #: Bytes of a ``cudaIpcMemHandle_t``.
@@ -178,6 +178,7 @@ class CudaArena(Arena):
         self.block_bytes = block_bytes
         self.nblocks = nblocks
         self.name = ""
+        self.id = new_arena_id()
         self.device_id = device
         self.pid = os.getpid()
         self._cp = cp

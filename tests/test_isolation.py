@@ -1,0 +1,114 @@
+"""Isolation and availability: restarts never leave a worker on a stale arena, the arena cannot be
+used to crash the daemon, tenants cannot starve each other, startup and shutdown survive what
+others left behind. Issue 12, items 1, 4, 5 and 7.
+
+Real daemons over real sockets, workers with the real client mapping the real arena.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+
+import numpy as np
+import redis
+
+from pfxcache.testing import free_port, start_daemon
+from support import wait_for
+
+PS, BB = 4, 256
+
+
+def expected_pages(worker: int, prompt: int, pages: int) -> np.ndarray:
+    """The KV bytes of a prompt: one distinct pattern per (worker, prompt, page)."""
+    out = np.empty((pages, BB), dtype=np.uint8)
+    for page in range(pages):
+        seed = hashlib.blake2b(f"{worker}/{prompt}/{page}".encode(), digest_size=8).digest()
+        out[page] = np.frombuffer(seed * (BB // 8), dtype=np.uint8)
+    return out
+
+
+def prompt_tokens(worker: int, prompt: int, pages: int) -> list[int]:
+    return [worker * 1000 + prompt, *range(1, pages * PS)]
+
+
+# -- item 1: a daemon restart under load never leaves a worker on the old arena ------------------------
+
+
+def test_restart_under_load_never_serves_or_caches_wrong_bytes_through_the_mapped_arena():
+    from pfxcache.client import LeaseLostError, PrefixCache, PrefixCacheError
+
+    port = free_port()
+    args = ("--port", str(port), "--page-size", str(PS), "--block-bytes", str(BB), "--maxmemory", str(1024 * BB),
+            "--evict-low-watermark", "0")
+    daemon = start_daemon(*args)
+    url = f"redis://127.0.0.1:{port}/0"
+    stop = threading.Event()
+    corrupt: list[str] = []
+    done_after_restart = [0] * 4
+    restarted = threading.Event()
+    caches = [PrefixCache.from_url(url, attach=True, socket_timeout=10) for _ in range(4)]
+    for cache in caches:
+        cache.attach()
+
+    def work(worker: int) -> None:
+        cache = caches[worker]
+        rounds = 0
+        while not stop.is_set():
+            rounds += 1
+            prompt = rounds % 6
+            pages = 1 + prompt % 4
+            tokens = prompt_tokens(worker, prompt, pages)
+            expected = expected_pages(worker, prompt, pages)
+            try:
+                cache.save(f"w{worker}", tokens, expected)
+                out = np.zeros((pages, BB), dtype=np.uint8)
+                match = cache.load(f"w{worker}", tokens, out)
+                got = match.matched_tokens // PS
+                if not np.array_equal(out[:got], expected[:got]):
+                    corrupt.append(f"worker {worker} prompt {prompt}: {got} pages, wrong bytes via {match.via}")
+                if restarted.is_set() and match.via == "shm" and got:
+                    done_after_restart[worker] += 1
+                # And what a neighbour cached: a writer and a reader on different mappings must agree.
+                other = (worker + 1) % 4
+                theirs = np.zeros((pages, BB), dtype=np.uint8)
+                match = cache.load(f"w{other}", prompt_tokens(other, prompt, pages), theirs)
+                got = match.matched_tokens // PS
+                if not np.array_equal(theirs[:got], expected_pages(other, prompt, pages)[:got]):
+                    corrupt.append(f"worker {worker} reading {other}'s prompt {prompt}: wrong bytes via {match.via}")
+            except (redis.ConnectionError, redis.TimeoutError, LeaseLostError, PrefixCacheError):
+                time.sleep(0.01)  # the daemon is restarting, or refused a write made across the restart
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(1.0)
+        assert daemon.stop() == 0
+        daemon = start_daemon(*args)  # same port, a new pid: a new arena
+        restarted.set()
+        wait_for(lambda: min(done_after_restart) >= 20, 60, "every worker to load through the new arena")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    try:
+        assert corrupt == [], corrupt[:5]
+        # Nothing the new daemon cached holds anything but the bytes its worker meant.
+        check = redis.Redis(port=port, protocol=3)
+        for worker in range(4):
+            for prompt in range(6):
+                pages = 1 + prompt % 4
+                tokens = prompt_tokens(worker, prompt, pages)
+                reply = check.execute_command("PFXGET", f"w{worker}", "TOKENS", *tokens, "WITHDATA", "NOLEASE")
+                got = reply[b"matched"] // PS
+                assert reply[b"data"] == expected_pages(worker, prompt, pages)[:got].tobytes(), (worker, prompt)
+        assert check.execute_command("PFXCHECK") == b"OK"
+        new_arena = check.execute_command("PFXINFO")[b"arena"][b"id"].decode()
+        assert all(cache._arena_id == new_arena for cache in caches)
+        check.close()
+    finally:
+        for cache in caches:
+            cache.close()
+        daemon.stop()
