@@ -262,6 +262,24 @@ DIRECTIVES: tuple[Directive, ...] = (
         "__kvevents@0__:<namespace>, with messages \"stored <parent|-> <hash> ...\", "
         "\"removed <hash> ...\" and \"cleared\" (hashes in hex), as keyspace notifications do for keys.",
     ),
+    # --- metrics ---
+    Directive(
+        name="metrics-port", kind=Int(), default=0, minimum=0, maximum=65535, mutable=False,
+        doc="TCP port of the Prometheus metrics endpoint, http://<metrics-bind>:<port>/metrics "
+        "(token hits and misses, pages, blocks, leases, evictions, memory, command latencies); "
+        "0, the default, serves none.",
+    ),
+    Directive(
+        name="metrics-bind", kind=AddressList(), default=("127.0.0.1",), mutable=False,
+        doc="Addresses (IPv4 or IPv6) the metrics endpoint listens on, separated by spaces. "
+        "Loopback by default: the metrics name namespaces, which may name tenants.",
+    ),
+    Directive(
+        name="metrics-namespaces", kind=Int(), default=100, minimum=0, maximum=100_000,
+        doc="Most namespaces the metrics endpoint labels one by one (each is a time series per "
+        "metric for Prometheus); a namespace keeps its label while it exists, and the others "
+        "are summed under namespace=\"_other\".",
+    ),
     # --- Redis compatibility: accepted so that Redis tools and configs work ---
     Directive(
         name="databases", kind=Int(), default=1, minimum=1, maximum=INT_MAX, mutable=False,

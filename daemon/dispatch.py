@@ -98,8 +98,7 @@ def _internal_error(spec: CommandSpec, exc: Exception) -> Error:
 
 def _account(stats: Stats, spec: CommandSpec, reply: Any, start: int) -> None:
     stat = stats.commands.get(spec.fullname) or stats.command(spec.fullname)
-    stat.calls += 1
-    stat.usec += (_now() - start) // 1000
+    stat.observe((_now() - start) // 1000)
     stats.total_commands_processed += 1
     if reply.__class__ is Error:
         stat.failed_calls += 1

@@ -97,6 +97,10 @@ class MemoryAccount:
         self.startup_heap = self._heap(process_status())
         self.peak = 0
 
+    def mark_startup(self) -> None:
+        """Take the heap now as the start-up baseline (the server calls it once everything is set up)."""
+        self.startup_heap = self._heap(process_status())
+
     @staticmethod
     def _heap(status: dict[str, int]) -> int:
         # Both arenas are shared mappings (a /dev/shm file, or mmap(-1)'s MAP_SHARED anonymous

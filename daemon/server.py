@@ -338,6 +338,7 @@ class Server:
             self.kv_events.close()
             self.prefix.close()
             raise StartupError(f"Can't write the pidfile {self.config['pidfile']}: {exc.strerror}") from exc
+        metrics = await self._open_metrics()
         try:
             async with trio.open_nursery() as connections:
                 self._connection_nursery = connections
@@ -346,12 +347,17 @@ class Server:
                     for listener in self._listeners:
                         control.start_soon(self._accept_loop, listener)
                     control.start_soon(self._cron)
+                    if metrics is not None:
+                        control.start_soon(metrics.serve)
+                        for address in metrics.addresses:
+                            log.log(logs.ANNOUNCE, "Metrics endpoint on http://%s/metrics", address)
                     if threading.current_thread() is threading.main_thread():
                         # Installed before "Ready" is logged: a supervisor may signal right after.
                         await control.start(self._watch_signals)
                     for listener in self._listeners:
                         kind = "unix" if listener.is_unix else "tcp"
                         log.log(logs.ANNOUNCE, "Ready to accept connections %s on %s", kind, listener.address)
+                    self.prefix.memory.mark_startup()  # the empty daemon, listeners and all: metadata's zero
                     task_status.started(self)
                     await self._shutdown_requested.wait()
                     self.shutting_down = True
@@ -370,6 +376,25 @@ class Server:
             self.prefix.close()
             self._remove_pidfile()
             log.warning("pfxcached is now ready to exit, bye bye...")
+
+    async def _open_metrics(self) -> Any:
+        """The Prometheus endpoint when ``metrics-port`` is set (else None); a StartupError if it cannot bind."""
+        if not self.config["metrics-port"]:
+            return None
+        # Imported only when asked for: prometheus-client is needed by the endpoint alone.
+        from .metrics import build_registry
+        from .metrics_http import MetricsEndpoint
+
+        try:
+            return await MetricsEndpoint.open(self.config["metrics-bind"], self.config["metrics-port"],
+                                              build_registry(self))
+        except OSError as exc:
+            for listener in self._listeners:
+                listener.close()
+            self.prefix.close()
+            self._remove_pidfile()
+            raise StartupError(f"Cannot open the metrics endpoint on port {self.config['metrics-port']}: "
+                               f"{exc.strerror or exc}") from exc
 
     async def _drain_clients(self) -> None:
         """Close idle clients now; give busy ones ``shutdown-timeout`` seconds to finish."""

@@ -7,19 +7,32 @@ One instance per server (no module-level counters), reset by
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections import deque
+
+#: Upper bounds (microseconds) of the command latency histogram the metrics endpoint exports;
+#: one more bucket counts everything slower (+Inf).
+LATENCY_BOUNDS_USEC = (10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000,
+                       250_000, 1_000_000)
 
 
 class CommandStat:
-    """Calls, time and failures of one command (``cmdstat_<name>``)."""
+    """Calls, time, failures and latency histogram of one command (``cmdstat_<name>``)."""
 
-    __slots__ = ("calls", "usec", "rejected_calls", "failed_calls")
+    __slots__ = ("calls", "usec", "rejected_calls", "failed_calls", "latency")
 
     def __init__(self) -> None:
         self.calls = 0
         self.usec = 0
         self.rejected_calls = 0
         self.failed_calls = 0
+        self.latency = [0] * (len(LATENCY_BOUNDS_USEC) + 1)  # calls per bucket (not cumulative)
+
+    def observe(self, usec: int) -> None:
+        """Count one call that took ``usec`` microseconds."""
+        self.calls += 1
+        self.usec += usec
+        self.latency[bisect_left(LATENCY_BOUNDS_USEC, usec)] += 1
 
     def info_line(self, name: str) -> str:
         per_call = self.usec / self.calls if self.calls else 0.0

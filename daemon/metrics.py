@@ -1,0 +1,195 @@
+"""What the Prometheus endpoint exports: the daemon's figures as metric families, read at scrape time.
+
+Nothing is counted twice: every value is read, when Prometheus scrapes, from
+the owner INFO reads it from (the store's counters and gauges, the prefix
+service's copy counters, the server's command stats, the memory figures), so
+the endpoint and INFO always agree. The endpoint itself (HTTP) is
+:mod:`.metrics_http`.
+
+Per-namespace series are capped (``metrics-namespaces``): a namespace takes a
+label when it first appears with a slot free and keeps it while it exists;
+the rest are summed under ``namespace="_other"`` (the global total minus the
+labelled ones), so the sum over labels is the global counter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+
+from .stats import LATENCY_BOUNDS_USEC
+
+if TYPE_CHECKING:
+    from .commands.context import ServerState
+
+OTHER = "_other"  # the label of the namespaces beyond the cap
+
+# Every family this module exports (without the _total/_bucket suffixes): the Grafana
+# dashboard's queries are checked against these names.
+NAMES = (
+    "pfxcache_info", "pfxcache_hit_tokens", "pfxcache_miss_tokens", "pfxcache_namespace_hit_tokens",
+    "pfxcache_namespace_miss_tokens", "pfxcache_namespace_pages", "pfxcache_pages", "pfxcache_pinned_pages",
+    "pfxcache_namespaces", "pfxcache_arena_blocks", "pfxcache_blocks_used", "pfxcache_blocks_free",
+    "pfxcache_blocks_leased", "pfxcache_blocks_pinned", "pfxcache_leases", "pfxcache_evicted_pages",
+    "pfxcache_oom_refusals", "pfxcache_copied_in_bytes", "pfxcache_copied_out_bytes", "pfxcache_inserts",
+    "pfxcache_stored_pages", "pfxcache_memory_bytes", "pfxcache_metadata_bytes_per_page",
+    "pfxcache_connected_clients", "pfxcache_commands_processed", "pfxcache_error_replies",
+    "pfxcache_command_duration_seconds",
+)
+
+
+def _label(name: bytes) -> str:
+    return name.decode("utf-8", "backslashreplace")
+
+
+class NamespaceSlots:
+    """Which namespaces have a label of their own: at most ``cap``, sticky while they exist."""
+
+    def __init__(self) -> None:
+        self._labelled: dict[bytes, None] = {}  # ordered: first come, first labelled
+
+    def choose(self, present: list[bytes], cap: int) -> list[bytes]:
+        """The labelled namespaces among ``present`` (sorted, as the store lists them)."""
+        alive = set(present)
+        for name in [name for name in self._labelled if name not in alive]:
+            del self._labelled[name]  # gone: its slot is free again
+        while len(self._labelled) > cap:  # the cap was lowered: the newest give their slots back
+            self._labelled.pop(next(reversed(self._labelled)))
+        for name in present:
+            if len(self._labelled) >= cap:
+                break
+            self._labelled.setdefault(name, None)
+        return list(self._labelled)
+
+
+class DaemonCollector:
+    """A prometheus_client collector over one server (see the module docstring)."""
+
+    def __init__(self, server: ServerState) -> None:
+        self.server = server
+        self.slots = NamespaceSlots()
+
+    def describe(self) -> list[Metric]:
+        return []  # no fixed description: families are built at scrape time
+
+    def collect(self) -> Iterator[Metric]:
+        server = self.server
+        prefix = server.prefix
+        store = prefix.store
+        stats = store.stats()
+        yield InfoMetricFamily("pfxcache", "The daemon's version, geometry and policy.", value={
+            "version": server.version, "redis_version": server.redis_version, "policy": stats["policy"],
+            "arena": str(prefix.arena.describe().get("backend")), "page_size": str(stats["page_size"]),
+            "block_bytes": str(stats["block_bytes"])})
+        yield CounterMetricFamily("pfxcache_hit_tokens", "Prompt tokens found cached by PFXGET.",
+                                  stats["hits_tokens"])
+        yield CounterMetricFamily("pfxcache_miss_tokens", "Prompt tokens PFXGET did not find cached.",
+                                  stats["misses_tokens"])
+        yield from self._namespaces(stats)
+        yield GaugeMetricFamily("pfxcache_pages", "Cached pages.", stats["pages"])
+        yield GaugeMetricFamily("pfxcache_pinned_pages", "Cached pages pinned by a lease or an insert.",
+                                stats["pinned_pages"])
+        yield GaugeMetricFamily("pfxcache_namespaces", "Namespaces (keys) holding pages or leases.",
+                                stats["namespaces"])
+        yield GaugeMetricFamily("pfxcache_arena_blocks", "Blocks of the arena.", stats["blocks_total"])
+        yield GaugeMetricFamily("pfxcache_blocks_used", "Blocks holding a cached page or leased.",
+                                stats["blocks_used"])
+        yield GaugeMetricFamily("pfxcache_blocks_free", "Free blocks.", stats["blocks_free"])
+        yield GaugeMetricFamily("pfxcache_blocks_leased", "Blocks held by allocations and inserts in flight.",
+                                stats["blocks_leased"])
+        yield GaugeMetricFamily("pfxcache_blocks_pinned", "Blocks of cached pages a lease pins (not evictable).",
+                                stats["pinned_pages"])
+        yield GaugeMetricFamily("pfxcache_leases", "Active leases.", stats["leases"])
+        evicted = CounterMetricFamily("pfxcache_evicted_pages", "Pages evicted, by cause: pressure (room for "
+                                      "a write), watermark (background), command (PFXEVICT, DEL), flush.",
+                                      labels=["cause"])
+        for cause, pages in store.evictions_by_cause.items():
+            evicted.add_metric([cause], pages)
+        yield evicted
+        yield CounterMetricFamily("pfxcache_oom_refusals", "Inserts and allocations refused with -OOM.",
+                                  store.oom_refusals)
+        yield CounterMetricFamily("pfxcache_copied_in_bytes", "KV bytes copied into the arena from PFXSET DATA.",
+                                  prefix.copied_in_bytes)
+        yield CounterMetricFamily("pfxcache_copied_out_bytes", "KV bytes copied out of the arena for WITHDATA.",
+                                  prefix.copied_out_bytes)
+        yield CounterMetricFamily("pfxcache_inserts", "Committed inserts (PFXSET).", stats["inserts"])
+        yield CounterMetricFamily("pfxcache_stored_pages", "Pages newly cached by inserts.", stats["stored_pages"])
+        yield from self._memory()
+        yield GaugeMetricFamily("pfxcache_connected_clients", "Client connections.", len(server.clients))
+        yield from self._commands()
+
+    def _namespaces(self, stats: dict) -> Iterator[Metric]:
+        store = self.server.prefix.store
+        labelled = self.slots.choose(store.namespaces(), self.server.config["metrics-namespaces"])
+        hits = CounterMetricFamily("pfxcache_namespace_hit_tokens", "Prompt tokens found cached, by namespace.",
+                                   labels=["namespace"])
+        misses = CounterMetricFamily("pfxcache_namespace_miss_tokens", "Prompt tokens not found cached, by "
+                                     "namespace.", labels=["namespace"])
+        pages = GaugeMetricFamily("pfxcache_namespace_pages", "Cached pages, by namespace.", labels=["namespace"])
+        seen = [0, 0, 0]
+        for name in labelled:
+            ns = store.stats(name)
+            figures = (ns["hits_tokens"], ns["misses_tokens"], ns["pages"])
+            for family, value in zip((hits, misses, pages), figures):
+                family.add_metric([_label(name)], value)
+            seen = [a + b for a, b in zip(seen, figures)]
+        # Everything else, retired namespaces' counts included: the labels then add up to the totals.
+        rest = (stats["hits_tokens"] - seen[0], stats["misses_tokens"] - seen[1], stats["pages"] - seen[2])
+        for family, value in zip((hits, misses, pages), rest):
+            family.add_metric([OTHER], value)
+        yield from (hits, misses, pages)
+
+    def _memory(self) -> Iterator[Metric]:
+        figures = self.server.prefix.memory_figures()
+        memory = GaugeMetricFamily("pfxcache_memory_bytes", "Memory by part: arena (reserved by maxmemory), "
+                                   "dataset (blocks holding data), heap (the process's private memory), "
+                                   "startup (the heap of the empty daemon), metadata (heap added by the cached "
+                                   "pages), rss (all resident), arena_resident (arena pages resident here).",
+                                   labels=["part"])
+        for part, value in (("arena", figures.arena_bytes), ("dataset", figures.dataset_bytes),
+                            ("heap", figures.heap_bytes), ("startup", figures.startup_heap_bytes),
+                            ("metadata", figures.metadata_bytes), ("rss", figures.rss_bytes),
+                            ("arena_resident", figures.arena_resident_bytes)):
+            memory.add_metric([part], value)
+        yield memory
+        yield GaugeMetricFamily("pfxcache_metadata_bytes_per_page", "Metadata bytes per cached page.",
+                                figures.metadata_per_page)
+
+    def _commands(self) -> Iterator[Metric]:
+        stats = self.server.stats
+        yield CounterMetricFamily("pfxcache_commands_processed", "Commands processed (INFO's "
+                                  "total_commands_processed).", stats.total_commands_processed)
+        errors = CounterMetricFamily("pfxcache_error_replies", "Error replies, by error code (INFO errorstats).",
+                                     labels=["code"])
+        for code, count in stats.errors.items():
+            errors.add_metric([code], count)
+        yield errors
+        duration = HistogramMetricFamily("pfxcache_command_duration_seconds", "Time commands took to run, "
+                                         "by command (INFO commandstats' usec, as a histogram).",
+                                         labels=["command"])
+        for name, stat in stats.commands.items():
+            if not stat.calls:
+                continue
+            buckets, cumulative = [], 0
+            for bound, count in zip((*LATENCY_BOUNDS_USEC, None), stat.latency):
+                cumulative += count
+                buckets.append(("+Inf" if bound is None else repr(bound / 1e6), cumulative))
+            duration.add_metric([name], buckets, stat.usec / 1e6)
+        yield duration
+
+
+def build_registry(server: ServerState) -> CollectorRegistry:
+    """A registry of the daemon's metrics and the standard process_* ones (no global state)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DaemonCollector(server))
+    ProcessCollector(registry=registry)
+    return registry
