@@ -196,6 +196,9 @@ EXPECTED_DEFAULTS = {
     "prompt-max-tokens": 1 << 20,
     "arena": "shm",
     "arena-name": "pfxcache",
+    "metrics-port": 0,
+    "metrics-bind": ["127.0.0.1"],
+    "metrics-namespaces": 100,
     "arena-device": 0,
     # KV events
     "kv-events-endpoint": "",
@@ -231,6 +234,8 @@ def test_mutability_matches_redis():
         # ours: the arena and the tree's geometry are fixed for the life of the process
         "maxmemory", "page-size", "block-bytes", "shards", "arena", "arena-name",
         "arena-device",
+        # ours: the metrics endpoint is opened once, at start-up
+        "metrics-port", "metrics-bind",
     }
     assert {d.name for d in DIRECTIVES if d.protected} == {"dir"}
 
