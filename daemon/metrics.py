@@ -43,7 +43,8 @@ NAMES = (
     "pfxcache_oom_refusals", "pfxcache_copied_in_bytes", "pfxcache_copied_out_bytes", "pfxcache_inserts",
     "pfxcache_stored_pages", "pfxcache_memory_bytes", "pfxcache_metadata_bytes_per_page",
     "pfxcache_connected_clients", "pfxcache_commands_processed", "pfxcache_error_replies",
-    "pfxcache_command_duration_seconds",
+    "pfxcache_command_duration_seconds", "pfxcache_kv_events_published", "pfxcache_kv_events_dropped",
+    "pfxcache_kv_events_queue_length",
 )
 
 
@@ -126,6 +127,7 @@ class DaemonCollector:
         yield from self._memory()
         yield GaugeMetricFamily("pfxcache_connected_clients", "Client connections.", len(server.clients))
         yield from self._commands()
+        yield from self._kv_events()
 
     def _namespaces(self, stats: dict) -> Iterator[Metric]:
         store = self.server.prefix.store
@@ -185,6 +187,18 @@ class DaemonCollector:
                 buckets.append(("+Inf" if bound is None else repr(bound / 1e6), cumulative))
             duration.add_metric([name], buckets, stat.usec / 1e6)
         yield duration
+
+
+    def _kv_events(self) -> Iterator[Metric]:
+        service = getattr(self.server, "kv_events", None)
+        publisher = service.publisher if service is not None else None
+        fields = dict(publisher.describe()) if publisher is not None else {}
+        yield CounterMetricFamily("pfxcache_kv_events_published", "KV events published on kv-events-endpoint.",
+                                  fields.get("kv_events_published", 0))
+        yield CounterMetricFamily("pfxcache_kv_events_dropped", "KV events dropped (queue full, or unsent).",
+                                  fields.get("kv_events_dropped", 0))
+        yield GaugeMetricFamily("pfxcache_kv_events_queue_length", "KV events waiting for the publisher.",
+                                fields.get("kv_events_queue_length", 0))
 
 
 def build_registry(server: ServerState) -> CollectorRegistry:

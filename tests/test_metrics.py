@@ -347,3 +347,20 @@ def test_prometheus_redis_exporter_reads_the_daemon(daemons):
         exporter.terminate()
         exporter.wait(10)
         r.close()
+
+
+def test_kv_event_counters_agree_with_info(daemons):
+    pytest.importorskip("zmq", reason="KV events need pyzmq (scripts/setup)")
+    daemon = daemons(*small("--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}"))
+    r = redis.Redis(host=daemon.host, port=daemon.port, protocol=3)
+    try:
+        workload(r)
+        wait_for(lambda: r.info("everything")["kv_events_queue_length"] == 0, 20, "the publisher to drain")
+        found = samples(scrape(daemon.metrics_port))
+        info = r.info("everything")
+    finally:
+        r.close()
+    assert info["kv_events_published"] > 0
+    assert value(found, "pfxcache_kv_events_published_total") == info["kv_events_published"]
+    assert value(found, "pfxcache_kv_events_dropped_total") == info["kv_events_dropped"]
+    assert value(found, "pfxcache_kv_events_queue_length") == info["kv_events_queue_length"] == 0
