@@ -614,26 +614,21 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(header))
     for name in names:
         print(f"{name:<10}" + "".join(f"{results[name][lab]['hit_rate']:>11.3f}" for lab in labels))
-    if "lru" in results and len(names) > 1:
-        print("\nratio to lru (>1 is better)")
+    def ratios(title: str, rows: list[str], reference: str) -> None:
+        print(f"\n{title}")
         print(header)
         print("-" * len(header))
-        for name in names:
+        for name in rows:
             cells = []
             for lab in labels:
-                base = results["lru"][lab]["hit_rate"]
+                base = results[reference][lab]["hit_rate"]
                 cells.append(f"{results[name][lab]['hit_rate'] / base:>11.2f}" if base else f"{'-':>11}")
             print(f"{name:<10}" + "".join(cells))
+
+    if "lru" in results and len(names) > 1:
+        ratios("ratio to lru (>1 is better)", names, "lru")
     if not args.no_belady:
-        print("\nshare of Belady's hits (1.00 = the bound)")
-        print(header)
-        print("-" * len(header))
-        for name in policies:
-            cells = []
-            for lab in labels:
-                bound = results["belady"][lab]["hit_rate"]
-                cells.append(f"{results[name][lab]['hit_rate'] / bound:>11.2f}" if bound else f"{'-':>11}")
-            print(f"{name:<10}" + "".join(cells))
+        ratios("share of Belady's hits (1.00 = the bound)", policies, "belady")
     if plot_path:
         print(f"\nplot: {shown(plot_path)}")
     return 0
