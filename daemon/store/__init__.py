@@ -1,7 +1,7 @@
 """The store core of pfxcached: arena, block allocator, radix trees, leases, eviction policies.
 
-Modules: ``store`` (the PrefixStore facade), ``arguments`` (its argument checks), ``namespaces``
-(a namespace's trees and counters), ``inserts`` (an insert in flight), ``results`` (what operations
+Modules: ``store`` (the PrefixStore facade), ``figures`` (its counters and gauges), ``arguments``
+(its argument checks), ``namespaces`` (a namespace's trees and counters), ``inserts`` (an insert in flight), ``results`` (what operations
 return), ``invariants`` (``PrefixStore.check``), and the parts: ``allocator``, ``radix``, ``leases``,
 ``policies``/``reuse``/``guard`` (eviction; ``registry`` names them), ``arena``/``cuda_arena``.
 
