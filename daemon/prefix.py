@@ -46,7 +46,7 @@ import trio
 from .memory import MemoryAccount, MemoryFigures
 from .rwlock import RWLock
 from .store import PrefixStore
-from .store.arena import MemoryArena, ShmArena
+from .store.arena import MemfdArena, MemoryArena, ShmArena
 from .store.cuda_arena import CudaArena
 from .store.errors import BadRequest
 from .store.results import AllocResult, EvictResult, InsertResult
@@ -86,9 +86,10 @@ class PrefixService:
             )
         backend = config["arena"]
         if backend == "shm":
+            # Earlier versions kept the arena in a /dev/shm file: remove what dead ones left.
             ShmArena.cleanup_stale(prefix=f"{config['arena-name']}-")
             name = f"{config['arena-name']}-{os.getpid()}-{tcp_port}"
-            self.arena = ShmArena(block_bytes, nblocks, name=name)
+            self.arena = MemfdArena(block_bytes, nblocks, name=name)
         elif backend == "memory":
             self.arena = MemoryArena(block_bytes, nblocks)
         elif backend == "cuda":

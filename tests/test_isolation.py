@@ -112,3 +112,51 @@ def test_restart_under_load_never_serves_or_caches_wrong_bytes_through_the_mappe
         for cache in caches:
             cache.close()
         daemon.stop()
+
+
+# -- item 4: the arena cannot be truncated under the daemon, nor opened by other users ---------------
+
+
+def test_truncating_the_arena_is_refused_and_the_daemon_keeps_serving(fresh_daemon):
+    import os
+    import subprocess
+
+    daemon = fresh_daemon("--page-size", str(PS), "--block-bytes", str(BB), "--maxmemory", str(64 * BB))
+    client = redis.Redis(host=daemon.host, port=daemon.port, protocol=3)
+    client.execute_command("PFXSET", "t", "TOKENS", *range(8), "DATA", b"k" * (2 * BB))
+    path = client.execute_command("PFXINFO")[b"arena"][b"path"].decode()
+    result = subprocess.run(["truncate", "-s", "0", path], capture_output=True, text=True)
+    assert result.returncode != 0 and "not permitted" in result.stderr
+    for size in (0, BB, 1 << 40):  # shrinking and growing are both sealed off
+        try:
+            os.truncate(path, size)
+            raise AssertionError(f"the arena was resized to {size}")
+        except PermissionError:
+            pass
+    assert os.stat(path).st_size == 64 * BB
+    reply = client.execute_command("PFXGET", "t", "TOKENS", *range(8), "WITHDATA", "NOLEASE")
+    assert reply[b"data"] == b"k" * (2 * BB) and daemon.proc.poll() is None
+    client.close()
+
+
+def test_a_worker_running_as_another_user_cannot_map_the_arena(fresh_daemon):
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    system_python = "/usr/bin/python3"  # the venv's interpreter may sit where that user cannot read
+    if os.geteuid() != 0 or not os.path.exists(system_python):
+        pytest.skip("needs root (to run the worker as another user) and /usr/bin/python3")
+    daemon = fresh_daemon("--block-bytes", str(BB), "--maxmemory", str(64 * BB))
+    client = redis.Redis(host=daemon.host, port=daemon.port, protocol=3)
+    path = client.execute_command("PFXINFO")[b"arena"][b"path"].decode()
+    # What any worker does to map it (the client's ShmArenaView does the same).
+    worker = (f"import mmap, os, sys\ntry:\n    fd = os.open({path!r}, os.O_RDWR)\n"
+              "except PermissionError as exc:\n    print('refused:', exc)\n    sys.exit(0)\n"
+              f"mmap.mmap(fd, {64 * BB})\nsys.exit('mapped the arena')\n")
+    result = subprocess.run([system_python, "-c", worker], capture_output=True, text=True, user=65534,
+                            group=65534, extra_groups=[], cwd="/")
+    assert result.returncode == 0 and "refused" in result.stdout, result.stdout + result.stderr
+    client.close()

@@ -15,7 +15,7 @@ import sys
 from array import array
 
 from .allocator import FREE, LEASED, TREE, BlockAllocator
-from .arena import Arena, MemoryArena, ShmArena
+from .arena import Arena, MemfdArena, MemoryArena, ShmArena
 from .errors import BadRequest, NoPrefix, OutOfMemory, StoreError
 from .leases import ALLOC, READ, Lease, LeaseTable
 from .policies import EvictionIndex
@@ -61,6 +61,7 @@ __all__ = [
     "Lease",
     "LeaseTable",
     "MatchResult",
+    "MemfdArena",
     "MemoryArena",
     "NoPrefix",
     "Node",

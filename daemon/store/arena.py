@@ -156,6 +156,53 @@ class MemoryArena(Arena):
         super().__init__(mmap.mmap(-1, block_bytes * nblocks), block_bytes, nblocks, name="")
 
 
+class MemfdArena(Arena):
+    """Shared memory in a sealed ``memfd``: the daemon's arena (backend ``shm``).
+
+    Sealed against shrinking and growing (``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``): no
+    process, whatever it can open, can truncate the memory under the daemon's mapping, so no
+    worker can make the daemon die of SIGBUS. There is no file in /dev/shm: nothing to leave
+    behind when the daemon is killed (the memory goes with its last mapping), no name anyone
+    else can take, squat or plant a fifo under. Workers open it by ``path``,
+    ``/proc/<daemon pid>/fd/<fd>``, which the kernel lets only processes open that may also
+    ptrace the daemon (its own user, or root): a tenant's worker running as another user
+    cannot map it at all (README "Isolation").
+    """
+
+    backend = "shm"
+
+    def __init__(self, block_bytes: int, nblocks: int, *, name: str = "pfxcache") -> None:
+        size = block_bytes * nblocks
+        fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, size)
+            # Really reserve the memory now: a write into a hole of an overcommitted tmpfs would
+            # otherwise die of SIGBUS later.
+            os.posix_fallocate(fd, 0, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            mapping = mmap.mmap(fd, size)
+            self._inode = os.fstat(fd).st_ino
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self.path = f"/proc/{os.getpid()}/fd/{fd}"
+        super().__init__(mapping, block_bytes, nblocks, name=name)
+
+    def describe(self) -> dict:
+        info = super().describe()
+        info["path"] = self.path
+        info["inode"] = self._inode  # a worker checks that what it opened is this memory
+        return info
+
+    def close(self) -> None:
+        """Unmap and close the memfd (workers' mappings keep their memory until they unmap)."""
+        if self._buffer is None:
+            return
+        super().close()
+        os.close(self._fd)
+
+
 class ShmArena(Arena):
     """POSIX shared memory ``/dev/shm/<name>`` that worker processes map by name.
 
