@@ -333,3 +333,25 @@ def test_a_slow_writer_renews_its_lease_and_commits(fresh_daemon):
         admin.execute_command("PFXRENEW", "007")
     cache.close()
     admin.close()
+
+
+def test_fenced_blocks_go_back_once_their_owner_speaks_again(fresh_daemon):
+    # A connection that let an allocation expire and carries on working must not keep those
+    # blocks out of use until it disconnects (a long-lived worker would starve everyone).
+    daemon = fresh_daemon(*STALL)
+    worker = redis.Redis(host=daemon.host, port=daemon.port, protocol=3)
+    admin = redis.Redis(host=daemon.host, port=daemon.port, protocol=3)
+    lease = worker.execute_command("PFXALLOC", "w", 4, "TTL", 50)[b"lease"]
+    wait_expired(admin)
+    assert admin.execute_command("PFXINFO")[b"stats"][b"fenced_leases"] == 1
+    free = admin.execute_command("PFXINFO")[b"arena"][b"blocks-free"]
+    assert worker.execute_command("PFXRELEASE", lease) == 0  # the id is dead: the worker learns
+    info = admin.execute_command("PFXINFO")
+    assert info[b"stats"][b"fenced_leases"] == 0 and info[b"arena"][b"blocks-free"] == free + 4
+    worker.execute_command("PFXALLOC", "w", 2, "TTL", 50)
+    wait_expired(admin)
+    worker.ping()  # any command at all brings the worker back
+    assert admin.execute_command("PFXINFO")[b"stats"][b"fenced_leases"] == 0
+    assert admin.execute_command("PFXCHECK") == b"OK"
+    worker.close()
+    admin.close()
