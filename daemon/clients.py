@@ -34,6 +34,7 @@ class Client:
         "kill",
         "pubsub",
         "open_push",
+        "multi",
     )
 
     def __init__(self, client_id: int, addr: str, laddr: str, fd: int, *, is_unix: bool = False) -> None:
@@ -67,6 +68,8 @@ class Client:
     def subscribed(self) -> bool:
         """In Redis's subscribed state: at least one channel or pattern."""
         return self.pubsub is not None and self.pubsub.count > 0
+        #: transactions.MultiState between MULTI and EXEC/DISCARD (None outside a transaction).
+        self.multi = None
 
     def describe(self) -> str:
         """The ``CLIENT LIST`` line for this client (Redis 7.0.15's fields, in its order)."""
@@ -77,7 +80,8 @@ class Client:
         return (
             f"id={self.id} addr={self.addr} laddr={self.laddr} fd={self.fd} name={self.name} "
             f"age={int(now - self.created)} idle={int(now - self.last_interaction)} "
-            f"flags={flags} db={self.db} sub={sub} psub={psub} ssub=0 multi=-1 "
+            f"flags={flags} db={self.db} sub={sub} psub={psub} ssub=0 "
+            f"multi={len(self.multi.commands) if self.multi is not None else -1} "
             f"qbuf={self.query_buffered} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=16384 rbp=0 "
             f"obl=0 oll=0 omem=0 tot-mem={self.query_buffered} events=r cmd={self.last_command} "
             f"user={self.user} redir=-1 resp={self.resp}"

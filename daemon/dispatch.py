@@ -4,6 +4,11 @@ Everything here derives from the command table: the row found for ``argv``
 decides the arity error, whether the command may run before AUTH, and which
 handler runs. Handlers that raise never take the daemon down: the client gets
 an ``-ERR`` and the traceback goes to the log.
+
+Two things can stand between the checks and the call, in Redis's order: the
+gate (``gate.py``: CLIENT PAUSE, an EXEC running alone), where a command waits,
+and an open MULTI (``transactions.py``), where it is queued instead of run. A
+command refused by the checks inside MULTI flags the transaction (EXECABORT).
 """
 
 from __future__ import annotations
@@ -12,27 +17,55 @@ import logging
 import time
 from typing import Any
 
-from pfxcache.protocol.replies import Error
+from pfxcache.protocol.replies import Error, SimpleString
 
 from .commands.context import Context
 from .commands.spec import CommandSpec
 from .stats import Stats
 from .pubsub import SUBSCRIBED_COMMANDS, subscribed_error
+from .transactions import NOT_QUEUED, QUEUED_TEXT
 
 log = logging.getLogger("pfxcached")
 
 NOAUTH = Error("NOAUTH Authentication required.")
+NOT_IN_MULTI = Error("ERR Command not allowed inside a transaction")
+QUEUED = SimpleString(QUEUED_TEXT)
 _now = time.perf_counter_ns
 
 
 class Pending:
-    """A resolved call to an ``async`` handler, for the connection to await."""
+    """A resolved call to an ``async`` handler, for the connection to await.
 
-    __slots__ = ("spec", "argv")
+    ``gated`` (None: not held): the command waits at the gate first, as a write
+    (True) or not, then goes through :func:`execute` again (its checks then see
+    the state after the wait).
+    """
 
-    def __init__(self, spec: CommandSpec, argv: list[bytes]) -> None:
+    __slots__ = ("spec", "argv", "gated")
+
+    def __init__(self, spec: CommandSpec, argv: list[bytes], gated: bool | None = None) -> None:
         self.spec = spec
         self.argv = argv
+        self.gated = gated
+
+
+def writes(spec: CommandSpec) -> bool:
+    """Whether CLIENT PAUSE WRITE holds the command back (Redis: write or may_replicate)."""
+    return "write" in spec.flags or "may_replicate" in spec.flags
+
+
+def _reject(ctx: Context, argv: list[bytes], reply: Error) -> Error:
+    """A command refused before it ran: inside MULTI it flags the transaction, and a refused
+    EXEC discards it (Redis's rejectCommand)."""
+    client = ctx.client
+    if client.multi is not None:
+        client.multi.failed = True
+        if argv[0].lower() == b"exec":
+            client.multi = None
+            ctx.server.watches.unwatch(client.id)
+            message = reply.message[4:] if reply.message.startswith("ERR ") else reply.message
+            reply = Error(f"EXECABORT Transaction discarded because of: {message}")
+    return reply
 
 
 def _record_error(stats: Stats, reply: Error) -> None:
@@ -45,30 +78,35 @@ def execute(ctx: Context, argv: list[bytes]) -> Any:
     stats = server.stats
     spec = server.commands.resolve(argv)
     if spec.__class__ is Error:
-        _record_error(stats, spec)
         # Redis counts a rejected call only for a command it found (an arity error).
         known = server.commands.lookup(argv)
         if known is not None and not known.arity_ok(len(argv)):
             stats.command(known.fullname).rejected_calls += 1
+        spec = _reject(ctx, argv, spec)
+        _record_error(stats, spec)
         return spec
     client = ctx.client
     if not client.authenticated and server.auth_required and "no_auth" not in spec.flags:
         stats.command(spec.fullname).rejected_calls += 1
         _record_error(stats, NOAUTH)
-        return NOAUTH
+        return _reject(ctx, argv, NOAUTH)
     if server.acl.restricted:
         denied = server.acl.check(client.user, spec, argv)
         if denied is not None:
             stats.command(spec.fullname).rejected_calls += 1
-            reply = Error(denied)
+            reply = _reject(ctx, argv, Error(denied))
             _record_error(stats, reply)
             return reply
     if client.pubsub is not None and client.resp == 2 and client.subscribed \
             and spec.fullname not in SUBSCRIBED_COMMANDS:
-        reply = Error(subscribed_error(spec.fullname))
+        reply = _reject(ctx, argv, Error(subscribed_error(spec.fullname)))
         _record_error(stats, reply)
         return reply
     client.last_command = spec.fullname
+    if client.multi is not None or server.gate.closed:
+        special = _gate_or_queue(ctx, spec, argv)
+        if special is not None:
+            return special
     if spec.is_async:
         return Pending(spec, argv)
     start = _now()
@@ -80,14 +118,62 @@ def execute(ctx: Context, argv: list[bytes]) -> Any:
     return reply
 
 
+def _gate_or_queue(ctx: Context, spec: CommandSpec, argv: list[bytes]) -> Any:
+    """The slow path: a command that waits at the gate, or is queued in MULTI (None: run it now)."""
+    client = ctx.client
+    multi = client.multi
+    if multi is not None and "no_multi" in spec.flags:
+        stats = ctx.server.stats
+        stats.command(spec.fullname).rejected_calls += 1
+        reply = _reject(ctx, argv, NOT_IN_MULTI)
+        _record_error(stats, reply)
+        return reply
+    gate = ctx.server.gate
+    if gate.closed:
+        held = writes(spec) or (spec.fullname == "exec" and multi is not None and multi.writes)
+        if gate.holds(client.id, held):
+            return Pending(spec, argv, gated=held)
+    if multi is not None and spec.fullname not in NOT_QUEUED:
+        multi.queue(spec, argv, writes(spec))
+        return QUEUED
+    return None
+
+
 async def execute_pending(ctx: Context, pending: Pending) -> Any:
-    """Await an async handler resolved by :func:`execute`."""
+    """Await an async handler resolved by :func:`execute` (or the gate first)."""
+    if pending.gated is not None:
+        await ctx.server.gate.wait(ctx.client.id, pending.gated)
+        reply = execute(ctx, pending.argv)
+        if reply.__class__ is Pending:
+            return await execute_pending(ctx, reply)
+        return reply
+    return await call_async(ctx, pending.spec, pending.argv)
+
+
+def call(ctx: Context, spec: CommandSpec, argv: list[bytes]) -> Any:
+    """Run a synchronous handler with its accounting (EXEC runs its queue through here)."""
     start = _now()
     try:
-        reply = await pending.spec.handler(ctx, pending.argv)
+        reply = spec.handler(ctx, argv)
+    except Exception as exc:  # a bug must cost one reply, not the daemon
+        reply = _internal_error(spec, exc)
+    _account(ctx.server.stats, spec, reply, start)
+    return reply
+
+
+async def call_async(ctx: Context, spec: CommandSpec, argv: list[bytes]) -> Any:
+    """Await an async handler with its accounting; it counts as running for the gate meanwhile."""
+    gate = ctx.server.gate
+    gate.running += 1
+    start = _now()
+    try:
+        reply = await spec.handler(ctx, argv)
     except Exception as exc:
-        reply = _internal_error(pending.spec, exc)
-    _account(ctx.server.stats, pending.spec, reply, start)
+        reply = _internal_error(spec, exc)
+    finally:
+        gate.running -= 1
+        gate.finished()
+    _account(ctx.server.stats, spec, reply, start)
     return reply
 
 

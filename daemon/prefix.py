@@ -161,12 +161,17 @@ class PrefixService:
         closing it would recycle blocks its worker, only slow, may still be reading or writing."""
         return self.store.holds_leases(owner)
 
-    def tick(self) -> None:
+    def tick(self, *, paused: bool = False) -> None:
         """Periodic work (from the server cron, ``hz`` times a second): expire leases, keep free
-        blocks above the low watermark. INFO's ``pfxcache_ticks`` counts the runs."""
+        blocks above the low watermark. INFO's ``pfxcache_ticks`` counts the runs.
+
+        ``paused`` (CLIENT PAUSE): namespaces do not expire and the watermark waits, as Redis
+        pauses expiry and eviction; leases still expire (they are not data)."""
         self.ticks += 1
         self.memory.figures()  # keeps the peak of used_memory between INFO calls, as Redis's cron does
         self.store.expire()
+        if paused:
+            return
         self.store.keys.expire_due()
         low = self.arena.nblocks * self.config["evict-low-watermark"] // 100
         if low:

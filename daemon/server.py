@@ -42,16 +42,20 @@ from .commands import (
     prefix_commands,
     pubsub_commands,
     server_commands,
+    transaction_commands,
 )
 from .commands.table import CommandTable
 from .config import Config
 from .connection import send_chunks, serve_connection
 from .kv_event_service import KvEventService
+from .connection import serve_connection
+from .gate import CommandGate
 from .prefix import PrefixService
 from .process import ProcessMemory
 from .pubsub import PubSub
 from .push import PushQueue
 from .stats import Stats
+from .transactions import WatchRegistry
 
 log = logging.getLogger("pfxcached")
 
@@ -84,7 +88,7 @@ def build_command_table() -> CommandTable:
     """The command table with every handler module bound to its rows."""
     table = CommandTable.load()
     for module in (connection_commands, server_commands, introspection, prefix_commands, acl_commands,
-                   keyspace_commands, pubsub_commands):
+                   keyspace_commands, pubsub_commands, transaction_commands):
         table.bind_module(module)
     return table
 
@@ -209,6 +213,10 @@ class Server:
         self.pubsub = PubSub()
         #: KV events (ZMQ publisher, pub/sub channels), started once the store exists.
         self.kv_events = KvEventService(self)
+        #: Holds commands back: CLIENT PAUSE, an EXEC running alone.
+        self.gate = CommandGate()
+        #: The namespaces clients WATCH.
+        self.watches = WatchRegistry()
         #: ACL users; ``default`` follows requirepass, as in Redis.
         self.acl = AclUsers(self.commands)
         self.acl.set_default_password(config["requirepass"])
@@ -323,6 +331,7 @@ class Server:
             for listener in self._listeners:
                 listener.close()
             raise StartupError(f"Cannot create the block arena: {exc}") from exc
+        self.watches.attach(self.prefix.store)
         try:
             self.kv_events.start()
         except ValueError as exc:
@@ -479,6 +488,7 @@ class Server:
                     self.pubsub.drop_client(client)
                     client.pubsub.push.close()
                     trio.lowlevel.notify_closing(sock)  # wakes its push writer if it waits on the socket
+                self.watches.unwatch(client.id)
                 sock.close()
                 # Leases belong to their connection: a worker that dies frees its pins. Shielded:
                 # a killed client's scope is cancelled, and its leases must go all the same.
@@ -500,7 +510,8 @@ class Server:
         while True:
             await trio.sleep(1.0 / self.config["hz"])
             self.stats.sample()
-            self.prefix.tick()
+            if not self.gate.exclusive:  # no store work lands inside an EXEC running alone
+                self.prefix.tick(paused=self.gate.paused)
             now = time.monotonic()
             if now >= next_second:
                 next_second = now + 1.0

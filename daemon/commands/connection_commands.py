@@ -149,6 +149,8 @@ def reset(ctx: Context, argv: list[bytes]) -> Any:
     ctx.server.pubsub.drop_client(client)  # RESET leaves the subscribed state
     client.resp = 2
     client.db = 0
+    client.multi = None
+    ctx.server.watches.unwatch(client.id)
     client.name = ""
     client.user = "default"
     client.authenticated = not ctx.server.auth_required

@@ -19,10 +19,12 @@ if TYPE_CHECKING:  # types only: nothing here is needed at import time
     from ..clients import Client, ClientRegistry
     from ..config import Config
     from ..kv_event_service import KvEventService
+    from ..gate import CommandGate
     from ..prefix import PrefixService
     from ..process import ProcessMemory
     from ..pubsub import PubSub
     from ..stats import Stats
+    from ..transactions import WatchRegistry
     from .table import CommandTable
 
 __all__ = ["NO_REPLY", "Context", "NoReply", "ServerState"]
@@ -44,6 +46,8 @@ class ServerState(Protocol):
     commands: CommandTable
     stats: Stats
     clients: ClientRegistry
+    gate: CommandGate
+    watches: WatchRegistry
     acl: AclUsers
     #: The prefix store service; set before the first client connects.
     prefix: PrefixService

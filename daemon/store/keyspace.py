@@ -182,6 +182,8 @@ class NamespaceKeys:
         rec = store._ns.get(name)
         if rec is None or not rec.holds_anything:
             return False
+        if store.touched is not None:
+            store.touched(name)
         store.evict_all(name)
         if store._ns.get(name) is not rec:  # nothing was pinned: it is retired already
             return True
@@ -217,6 +219,8 @@ class NamespaceKeys:
         if when_ms is not None and when_ms <= self.now_ms():
             self.expired += 1
             return self.delete(name)
+        if self._store.touched is not None and (when_ms is not None or rec.expires_at is not None):
+            self._store.touched(name)
         rec.expires_at = when_ms
         if when_ms is not None:
             heapq.heappush(self._deadlines, (when_ms, next(self._seq), name))

@@ -107,6 +107,9 @@ class PrefixStore(StoreFigures):
     def set_events(self, sink: StoreEvents | None) -> None:
         """Set (or with None remove) the KV events listener; it hears only of changes from now on."""
         self._events = sink
+        #: Called with a namespace's name when a page enters or leaves it, or its expiry changes
+        #: (what WATCH watches); None: nobody watches (the daemon sets it only while someone does).
+        self.touched = None
 
     # -- argument handling ----------------------------------------------------------------------
 
@@ -194,6 +197,8 @@ class PrefixStore(StoreFigures):
             if self._events is not None:
                 announce_trim(self._events, node, k)
             self._alloc.release(tree.trim(node, k))
+            if self.touched is not None:
+                self.touched(tree.scope)
             rec = self._ns[tree.scope]
             rec.evictions += k
             evicted += k
@@ -208,6 +213,8 @@ class PrefixStore(StoreFigures):
             announce_drop(self._events, tree, top)
         freed, pinned = tree.drop_subtree(top)
         self._alloc.release(freed)
+        if freed and self.touched is not None:
+            self.touched(tree.scope)
         self._ns[tree.scope].evictions += len(freed)
         self.evictions += len(freed)
         self.evictions_by_cause[cause] += len(freed)
@@ -397,6 +404,8 @@ class PrefixStore(StoreFigures):
         rec = self._ns[plan.ns]
         rec.inserts += 1
         rec.stored += stored
+        if stored and self.touched is not None:
+            self.touched(plan.ns)
         self.inserts += 1
         self.stored += stored
         result = InsertResult(stored, plan.npages - plan.offset_pages - stored, tree.path_blocks(end))

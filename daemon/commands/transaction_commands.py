@@ -1,0 +1,118 @@
+"""Transactions: MULTI, EXEC, DISCARD, WATCH, UNWATCH, with redis-server 7.0.15's replies.
+
+The queue and the watches are in :mod:`pfxcache.daemon.transactions`; queueing
+itself happens in dispatch. EXEC runs the queue through dispatch's ``call``
+(stats, SLOWLOG, MONITOR as for any command). When the queue holds an async
+command (PFXGET, PFXSET ...) the EXEC runs *alone* (:mod:`pfxcache.daemon.gate`):
+other clients' commands wait and none is under way, so no other client's
+command lands between, or inside, the transaction's commands.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pfxcache.protocol.replies import NULL_ARRAY, OK, Error
+
+from ..acl import NOPERM_KEY
+from ..dispatch import call, call_async
+from ..transactions import EXECABORT, MultiState
+from . import handles
+from .context import Context
+
+NESTED = Error("ERR MULTI calls can not be nested")
+EXEC_WITHOUT_MULTI = Error("ERR EXEC without MULTI")
+DISCARD_WITHOUT_MULTI = Error("ERR DISCARD without MULTI")
+WATCH_INSIDE_MULTI = Error("ERR WATCH inside MULTI is not allowed")
+ACL_CHANGED = (
+    "NOPERM ACLs rules changed between the moment the transaction was accumulated and the EXEC call. "
+    "This command is no longer allowed for the following reason: {}"
+)
+
+
+@handles("multi")
+def multi(ctx: Context, argv: list[bytes]) -> Any:
+    if ctx.client.multi is not None:
+        return NESTED
+    ctx.client.multi = MultiState()
+    return OK
+
+
+@handles("discard")
+def discard(ctx: Context, argv: list[bytes]) -> Any:
+    client = ctx.client
+    if client.multi is None:
+        return DISCARD_WITHOUT_MULTI
+    client.multi = None
+    ctx.server.watches.unwatch(client.id)
+    return OK
+
+
+@handles("watch")
+def watch(ctx: Context, argv: list[bytes]) -> Any:
+    client = ctx.client
+    if client.multi is not None:
+        return WATCH_INSIDE_MULTI
+    keys = ctx.server.prefix.store.keys
+    for name in argv[1:]:
+        keys.live(name)  # one already past its expiry goes now, not as a touch after the WATCH
+        ctx.server.watches.watch(client.id, name)
+    return OK
+
+
+@handles("unwatch")
+def unwatch(ctx: Context, argv: list[bytes]) -> Any:
+    ctx.server.watches.unwatch(ctx.client.id)
+    return OK
+
+
+@handles("exec")
+async def exec_(ctx: Context, argv: list[bytes]) -> Any:
+    client, server = ctx.client, ctx.server
+    queued = client.multi
+    if queued is None:
+        return EXEC_WITHOUT_MULTI
+    client.multi = None
+    watches = server.watches
+    if queued.failed:
+        watches.unwatch(client.id)
+        return Error(EXECABORT)
+    keys = server.prefix.store.keys
+    for name in list(watches.watched(client.id)):
+        keys.live(name)  # a watched namespace whose expiry came meanwhile is deleted: a touch
+    touched = watches.is_dirty(client.id)
+    watches.unwatch(client.id)
+    if touched:
+        return NULL_ARRAY
+    if not queued.any_async:
+        # Synchronous handlers never yield: the queue runs with no other client in between.
+        return [_run_sync(ctx, spec, args) for spec, args in queued.commands]
+    async with server.gate.alone(client.id):
+        replies = []
+        for spec, args in queued.commands:
+            if spec.is_async and _allowed(ctx, spec, args) is None:
+                replies.append(await call_async(ctx, spec, args))
+            else:
+                replies.append(_run_sync(ctx, spec, args))
+        return replies
+
+
+def _allowed(ctx: Context, spec: Any, argv: list[bytes]) -> Error | None:
+    """The ACL is checked again at EXEC: rules may have changed since the command was queued."""
+    acl = ctx.server.acl
+    if not acl.restricted:
+        return None
+    denied = acl.check(ctx.client.user, spec, argv)
+    if denied is None:
+        return None
+    reason = ("no permission to touch the specified keys" if denied == NOPERM_KEY
+              else f"no permission to execute the '{spec.fullname}' command")
+    return Error(ACL_CHANGED.format(reason))
+
+
+def _run_sync(ctx: Context, spec: Any, argv: list[bytes]) -> Any:
+    denied = _allowed(ctx, spec, argv)
+    if denied is not None:
+        ctx.server.stats.error("NOPERM")
+        return denied
+    return call(ctx, spec, argv)
