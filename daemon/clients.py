@@ -63,13 +63,13 @@ class Client:
         self.pubsub = None
         #: Starts the connection's push writer and returns its push.PushQueue (set by the server).
         self.open_push: Callable[[], object] = lambda: None
+        #: transactions.MultiState between MULTI and EXEC/DISCARD (None outside a transaction).
+        self.multi = None
 
     @property
     def subscribed(self) -> bool:
         """In Redis's subscribed state: at least one channel or pattern."""
         return self.pubsub is not None and self.pubsub.count > 0
-        #: transactions.MultiState between MULTI and EXEC/DISCARD (None outside a transaction).
-        self.multi = None
 
     def describe(self) -> str:
         """The ``CLIENT LIST`` line for this client (Redis 7.0.15's fields, in its order)."""
