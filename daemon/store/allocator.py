@@ -12,15 +12,35 @@ every id from 0 up would give, without building it: a stack of Python ints
 costs ~36 bytes and ~30 ns per block at start-up (1.2 GB and seconds for
 33 M blocks), this one 1 byte of state per block and 4 or 8 bytes per block
 ever returned, in a typed array.
+
+No Python loop runs per block: blocks move as runs. A set of ids that forms
+one run of consecutive blocks (fresh blocks always do, and so do the pages of
+a node they were stored into) changes state with one slice of the state
+array and is checked with one ``find``/``count``; other sets go through C-level
+``map`` (few ids) or one numpy gather/scatter (many).
 """
 
 from __future__ import annotations
 
 import sys
 from array import array
+from collections import deque
+from itertools import repeat
+
+import numpy as np
 
 FREE, TREE, LEASED = 0, 1, 2
 STATE_NAMES = ("free", "tree", "leased")
+
+#: From this many scattered ids on, one numpy gather/scatter beats a C-level map over them.
+_NUMPY_FROM = 64
+
+
+def _is_run(ids, n: int) -> tuple[int, int] | None:
+    """(lo, hi + 1) when the ``n`` distinct ids are exactly the blocks lo..hi, else None."""
+    lo = min(ids)
+    hi = max(ids)
+    return (lo, hi + 1) if hi - lo + 1 == n else None
 
 
 class BlockAllocator:
@@ -67,38 +87,69 @@ class BlockAllocator:
             start = self._fresh
             self._fresh = start + n - reuse
             ids += range(start, self._fresh)
-        st = self._state
-        for b in ids:
-            st[b] = state
+        self._set(ids, n, state)
         self._counts[FREE] -= n
         self._counts[state] += n
         return ids
 
     def release(self, ids: list[int]) -> None:
         """Return blocks to the free stack (they must not be free already)."""
-        st = self._state
-        for b in ids:  # validate first: a double free is a store bug, and must not corrupt the stack
-            if st[b] == FREE:
-                raise RuntimeError(f"allocator: block {b} freed twice")
-        if len(ids) > 1 and len(set(ids)) != len(ids):
+        n = len(ids)
+        if not n:
+            return
+        # Validate first: a double free is a store bug, and must not corrupt the stack.
+        states = self._states(ids, n)
+        if FREE in states:
+            raise RuntimeError(f"allocator: block {ids[states.index(FREE)]} freed twice")
+        if n > 1 and len(set(ids)) != n:
             raise RuntimeError("allocator: duplicate ids in one release")
         counts = self._counts
-        for b in ids:
-            counts[st[b]] -= 1
-            st[b] = FREE
-        counts[FREE] += len(ids)
+        counts[TREE] -= states.count(TREE)
+        counts[LEASED] -= states.count(LEASED)
+        counts[FREE] += n
+        self._set(ids, n, FREE)
         self._returned.extend(ids)
 
     def move(self, ids: list[int], src: int, dst: int) -> None:
         """Change the state of held blocks (LEASED -> TREE when a write is committed)."""
+        n = len(ids)
+        if not n:
+            return
+        states = self._states(ids, n)
+        if states.count(src) != n:
+            bad = next(i for i, state in enumerate(states) if state != src)  # only on a store bug
+            raise RuntimeError(f"allocator: block {ids[bad]} is {STATE_NAMES[states[bad]]}, "
+                               f"expected {STATE_NAMES[src]}")
+        if n > 1 and len(set(ids)) != n:
+            raise RuntimeError("allocator: duplicate ids in one move")
+        self._set(ids, n, dst)
+        self._counts[src] -= n
+        self._counts[dst] += n
+
+    # -- state of many blocks at C speed ------------------------------------------------------
+
+    def _states(self, ids, n: int) -> bytes:
+        """The state of each of ``ids``, one byte each, in order."""
         st = self._state
-        for b in ids:
-            if st[b] != src:
-                raise RuntimeError(f"allocator: block {b} is {STATE_NAMES[st[b]]}, expected {STATE_NAMES[src]}")
-        for b in ids:
-            st[b] = dst
-        self._counts[src] -= len(ids)
-        self._counts[dst] += len(ids)
+        if n == 1:
+            return bytes((st[ids[0]],))
+        if n >= _NUMPY_FROM:
+            return np.frombuffer(st, np.uint8)[np.asarray(ids, np.intp)].tobytes()
+        return bytes(map(st.__getitem__, ids))
+
+    def _set(self, ids, n: int, state: int) -> None:
+        """Put ``n`` distinct ids into ``state``: one slice for a run, else one scatter."""
+        st = self._state
+        if n == 1:
+            st[ids[0]] = state
+            return
+        run = _is_run(ids, n)
+        if run is not None:
+            st[run[0] : run[1]] = bytes((state,)) * n
+        elif n >= _NUMPY_FROM:
+            np.frombuffer(st, np.uint8)[np.asarray(ids, np.intp)] = state
+        else:
+            deque(map(st.__setitem__, ids, repeat(state, n)), maxlen=0)
 
     def check(self) -> list[str]:
         """Violations of the allocator's own invariants (empty when consistent)."""
