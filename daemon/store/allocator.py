@@ -36,11 +36,16 @@ STATE_NAMES = ("free", "tree", "leased")
 _NUMPY_FROM = 64
 
 
-def _is_run(ids, n: int) -> tuple[int, int] | None:
-    """(lo, hi + 1) when the ``n`` distinct ids are exactly the blocks lo..hi, else None."""
-    lo = min(ids)
-    hi = max(ids)
-    return (lo, hi + 1) if hi - lo + 1 == n else None
+#: numpy's dtype for the typecodes of the stack of returned ids.
+_ID_DTYPES = {"I": np.uint32, "Q": np.uint64}
+
+
+def _distinct_sorted(idx: np.ndarray, what: str) -> np.ndarray:
+    """``idx`` sorted; RuntimeError when an id repeats (a store bug that would corrupt the free stack)."""
+    ordered = np.sort(idx)
+    if (ordered[1:] == ordered[:-1]).any():
+        raise RuntimeError(f"allocator: duplicate ids in one {what}")
+    return ordered
 
 
 class BlockAllocator:
@@ -79,15 +84,21 @@ class BlockAllocator:
             return []
         returned = self._returned
         reuse = min(n, len(returned))
-        ids = returned[len(returned) - reuse :].tolist()
-        ids.reverse()
+        top = returned[len(returned) - reuse :]  # a copy (an array slice): the stack can shrink under it
         if reuse:
             del returned[len(returned) - reuse :]
-        if reuse < n:
-            start = self._fresh
-            self._fresh = start + n - reuse
-            ids += range(start, self._fresh)
-        self._set(ids, n, state)
+        fresh_from = self._fresh
+        self._fresh = fresh_from + n - reuse
+        if n < _NUMPY_FROM:
+            ids = top.tolist()
+            ids.reverse()
+            ids += range(fresh_from, self._fresh)
+            self._set_few(ids, n, state)
+        else:
+            idx = np.concatenate([np.frombuffer(top, _ID_DTYPES[top.typecode])[::-1],
+                                  np.arange(fresh_from, self._fresh)]).astype(np.intp)
+            self._set_many(idx, n, state, int(idx.min()), int(idx.max()))
+            ids = idx.tolist()
         self._counts[FREE] -= n
         self._counts[state] += n
         return ids
@@ -98,58 +109,76 @@ class BlockAllocator:
         if not n:
             return
         # Validate first: a double free is a store bug, and must not corrupt the stack.
-        states = self._states(ids, n)
-        if FREE in states:
-            raise RuntimeError(f"allocator: block {ids[states.index(FREE)]} freed twice")
-        if n > 1 and len(set(ids)) != n:
-            raise RuntimeError("allocator: duplicate ids in one release")
+        if n < _NUMPY_FROM:
+            states = bytes(map(self._state.__getitem__, ids))
+            if FREE in states:
+                raise RuntimeError(f"allocator: block {ids[states.index(FREE)]} freed twice")
+            if n > 1 and len(set(ids)) != n:
+                raise RuntimeError("allocator: duplicate ids in one release")
+            leased = states.count(LEASED)
+            self._set_few(ids, n, FREE)
+            self._returned.extend(ids)
+        else:
+            idx = np.asarray(ids, np.intp)
+            states = np.frombuffer(self._state, np.uint8)[idx]
+            if not states.all():
+                raise RuntimeError(f"allocator: block {int(idx[np.argmin(states)])} freed twice")
+            ordered = _distinct_sorted(idx, "release")
+            leased = int(np.count_nonzero(states == LEASED))
+            self._set_many(idx, n, FREE, int(ordered[0]), int(ordered[-1]))
+            self._returned.frombytes(idx.astype(_ID_DTYPES[self._returned.typecode]).tobytes())
         counts = self._counts
-        counts[TREE] -= states.count(TREE)
-        counts[LEASED] -= states.count(LEASED)
+        counts[TREE] -= n - leased
+        counts[LEASED] -= leased
         counts[FREE] += n
-        self._set(ids, n, FREE)
-        self._returned.extend(ids)
 
     def move(self, ids: list[int], src: int, dst: int) -> None:
         """Change the state of held blocks (LEASED -> TREE when a write is committed)."""
         n = len(ids)
         if not n:
             return
-        states = self._states(ids, n)
-        if states.count(src) != n:
-            bad = next(i for i, state in enumerate(states) if state != src)  # only on a store bug
-            raise RuntimeError(f"allocator: block {ids[bad]} is {STATE_NAMES[states[bad]]}, "
-                               f"expected {STATE_NAMES[src]}")
-        if n > 1 and len(set(ids)) != n:
-            raise RuntimeError("allocator: duplicate ids in one move")
-        self._set(ids, n, dst)
+        if n < _NUMPY_FROM:
+            states = bytes(map(self._state.__getitem__, ids))
+            if states.count(src) != n:
+                bad = next(i for i, state in enumerate(states) if state != src)  # only on a store bug
+                raise RuntimeError(f"allocator: block {ids[bad]} is {STATE_NAMES[states[bad]]}, "
+                                   f"expected {STATE_NAMES[src]}")
+            if n > 1 and len(set(ids)) != n:
+                raise RuntimeError("allocator: duplicate ids in one move")
+            self._set_few(ids, n, dst)
+        else:
+            idx = np.asarray(ids, np.intp)
+            states = np.frombuffer(self._state, np.uint8)[idx]
+            wrong = np.flatnonzero(states != src)
+            if wrong.size:
+                bad = int(wrong[0])
+                raise RuntimeError(f"allocator: block {ids[bad]} is {STATE_NAMES[states[bad]]}, "
+                                   f"expected {STATE_NAMES[src]}")
+            ordered = _distinct_sorted(idx, "move")
+            self._set_many(idx, n, dst, int(ordered[0]), int(ordered[-1]))
         self._counts[src] -= n
         self._counts[dst] += n
 
-    # -- state of many blocks at C speed ------------------------------------------------------
+    # -- the state of many blocks at C speed ----------------------------------------------------
 
-    def _states(self, ids, n: int) -> bytes:
-        """The state of each of ``ids``, one byte each, in order."""
-        st = self._state
-        if n == 1:
-            return bytes((st[ids[0]],))
-        if n >= _NUMPY_FROM:
-            return np.frombuffer(st, np.uint8)[np.asarray(ids, np.intp)].tobytes()
-        return bytes(map(st.__getitem__, ids))
-
-    def _set(self, ids, n: int, state: int) -> None:
-        """Put ``n`` distinct ids into ``state``: one slice for a run, else one scatter."""
+    def _set_few(self, ids: list[int], n: int, state: int) -> None:
+        """Put ``n`` (< _NUMPY_FROM) distinct ids into ``state``: one slice for a run, else a C-level map."""
         st = self._state
         if n == 1:
             st[ids[0]] = state
             return
-        run = _is_run(ids, n)
-        if run is not None:
-            st[run[0] : run[1]] = bytes((state,)) * n
-        elif n >= _NUMPY_FROM:
-            np.frombuffer(st, np.uint8)[np.asarray(ids, np.intp)] = state
+        lo, hi = min(ids), max(ids)
+        if hi - lo + 1 == n:
+            st[lo : hi + 1] = bytes((state,)) * n
         else:
             deque(map(st.__setitem__, ids, repeat(state, n)), maxlen=0)
+
+    def _set_many(self, idx: np.ndarray, n: int, state: int, lo: int, hi: int) -> None:
+        """Put the ``n`` distinct ids ``idx``, lowest ``lo`` and highest ``hi``, into ``state``."""
+        if hi - lo + 1 == n:  # one run: one slice
+            self._state[lo : hi + 1] = bytes((state,)) * n
+        else:
+            np.frombuffer(self._state, np.uint8)[idx] = state
 
     def check(self) -> list[str]:
         """Violations of the allocator's own invariants (empty when consistent)."""

@@ -186,6 +186,7 @@ class PrefixStore(StoreFigures):
         now = self._clock()
         index = self._index
         evicted = 0
+        freed: list[int] = []
         while evicted < n:
             node = index.best(now, scope)
             if node is None:
@@ -196,7 +197,7 @@ class PrefixStore(StoreFigures):
             tree = node.tree
             if self._events is not None:
                 announce_trim(self._events, node, k)
-            self._alloc.release(tree.trim(node, k))
+            freed += tree.trim(node, k)
             if self.touched is not None:
                 self.touched(tree.scope)
             rec = self._ns[tree.scope]
@@ -204,6 +205,7 @@ class PrefixStore(StoreFigures):
             evicted += k
             if not tree.pages:
                 self._retire_if_empty(rec)
+        self._alloc.release(freed)  # every evicted block in one call: runs and scatters, not pages
         self.evictions += evicted
         self.evictions_by_cause[cause] += evicted
         return evicted
