@@ -96,6 +96,7 @@ class PrefixStore(StoreFigures):
         self.inserts = 0
         self.stored = 0
         self._events: StoreEvents | None = None  # KV events listener (events.py); None: events off
+        self.touched = None  # WATCH's callback (see set_events); None: nobody watches
 
     # -- KV events ------------------------------------------------------------------------------
 
