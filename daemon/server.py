@@ -16,6 +16,7 @@ unix socket file; later the arena and the leases).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -247,6 +248,7 @@ class Server:
         self.prefix: PrefixService = None  # type: ignore[assignment]
         self._listeners: list[Listener] = []
         self._shutdown_requested: trio.Event | None = None
+        self._drain_scope: trio.CancelScope | None = None  # the wait for busy clients, cut short by a second SIGINT
         self._control_nursery: trio.Nursery | None = None
         self._connection_nursery: trio.Nursery | None = None
         config.on_change("proto-max-bulk-len", self._update_parsers)
@@ -348,6 +350,13 @@ class Server:
             self.prefix.close()
             raise StartupError(f"Can't write the pidfile {self.config['pidfile']}: {exc.strerror}") from exc
         metrics = await self._open_metrics()
+        # The signal handlers stay installed until the very end of the cleanup below: a second
+        # SIGTERM during a graceful shutdown is ignored, as Redis does, instead of killing the
+        # process with its pidfile and arena left behind.
+        signals = contextlib.ExitStack()
+        receiver = None
+        if threading.current_thread() is threading.main_thread():
+            receiver = signals.enter_context(trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT))
         try:
             async with trio.open_nursery() as connections:
                 self._connection_nursery = connections
@@ -360,9 +369,9 @@ class Server:
                         control.start_soon(metrics.serve)
                         for address in metrics.addresses:
                             log.log(logs.ANNOUNCE, "Metrics endpoint on http://%s/metrics", address)
-                    if threading.current_thread() is threading.main_thread():
-                        # Installed before "Ready" is logged: a supervisor may signal right after.
-                        await control.start(self._watch_signals)
+                    if receiver is not None:
+                        # Watched until the drain below is over (connections' nursery, not control's).
+                        await connections.start(self._watch_signals, receiver)
                     for listener in self._listeners:
                         kind = "unix" if listener.is_unix else "tcp"
                         log.log(logs.ANNOUNCE, "Ready to accept connections %s on %s", kind, listener.address)
@@ -385,6 +394,7 @@ class Server:
             self.prefix.close()
             self._remove_pidfile()
             log.warning("pfxcached is now ready to exit, bye bye...")
+            signals.close()
 
     async def _open_metrics(self) -> Any:
         """The Prometheus endpoint when ``metrics-port`` is set (else None); a StartupError if it cannot bind."""
@@ -412,6 +422,7 @@ class Server:
                 client.kill()
         deadline = self.config["shutdown-timeout"]
         with trio.move_on_after(deadline) as scope:
+            self._drain_scope = scope
             while len(self.clients):
                 for client in self.clients:
                     if not client.busy:
@@ -531,13 +542,20 @@ class Server:
                 log.log(15, "Closing idle client id=%d addr=%s", client.id, client.addr)
                 client.kill()
 
-    async def _watch_signals(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            task_status.started()
-            async for signum in signals:
-                name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT"
+    async def _watch_signals(self, signals: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        async for signum in signals:
+            name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT"
+            if not self._shutdown_requested.is_set():
                 log.warning("Received %s scheduling shutdown...", name)
                 self.request_shutdown(name)
+            elif signum == signal.SIGINT:
+                # Redis: a second Ctrl+C means "quit now". We still clean up, without waiting.
+                log.warning("You insist... exiting now.")
+                if self._drain_scope is not None:
+                    self._drain_scope.cancel()
+            else:
+                log.warning("Received %s during shutdown: ignored, the shutdown is in progress", name)
 
     def _write_pidfile(self) -> None:
         path = self.config["pidfile"]

@@ -12,6 +12,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 import redis
 
 from pfxcache.testing import free_port, start_daemon
@@ -144,8 +145,6 @@ def test_a_worker_running_as_another_user_cannot_map_the_arena(fresh_daemon):
     import subprocess
     import sys
 
-    import pytest
-
     system_python = "/usr/bin/python3"  # the venv's interpreter may sit where that user cannot read
     if os.geteuid() != 0 or not os.path.exists(system_python):
         pytest.skip("needs root (to run the worker as another user) and /usr/bin/python3")
@@ -160,3 +159,78 @@ def test_a_worker_running_as_another_user_cannot_map_the_arena(fresh_daemon):
                             group=65534, extra_groups=[], cwd="/")
     assert result.returncode == 0 and "refused" in result.stdout, result.stdout + result.stderr
     client.close()
+
+
+# -- item 7: startup and shutdown survive what others left behind -----------------------------------
+
+
+def test_startup_is_not_stopped_by_fifos_directories_or_stale_files_under_the_arena_name():
+    import os
+    import uuid
+
+    name = "pfxiso" + uuid.uuid4().hex[:8]
+    planted = {
+        "reused-pid": f"/dev/shm/{name}-1-7000",  # pid 1 is alive: an unrelated process reused the pid
+        "own-pid": f"/dev/shm/{name}-{os.getpid()}-7001",
+        "fifo": f"/dev/shm/{name}-999999999-7002",  # opening it for reading would block forever
+        "directory": f"/dev/shm/{name}-3-7003",
+    }
+    for kind in ("reused-pid", "own-pid"):
+        with open(planted[kind], "wb") as file:
+            file.write(b"stale arena")
+        an_hour_ago = time.time() - 3600  # left by an earlier life, not one being created now
+        os.utime(planted[kind], (an_hour_ago, an_hour_ago))
+    os.mkfifo(planted["fifo"])
+    os.mkdir(planted["directory"])
+    daemon = None
+    try:
+        daemon = start_daemon("--arena-name", name, ready_timeout=30)
+        client = redis.Redis(host=daemon.host, port=daemon.port)
+        assert client.ping()
+        client.close()
+        # Stale arena files nobody holds are reclaimed whatever pid their name carries.
+        assert not os.path.exists(planted["reused-pid"]) and not os.path.exists(planted["own-pid"])
+        assert daemon.stop() == 0
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        for path in planted.values():
+            if os.path.isdir(path):
+                os.rmdir(path)
+            elif os.path.lexists(path):
+                os.unlink(path)
+
+
+@pytest.mark.parametrize("second, logged", [("SIGTERM", "ignored, the shutdown is in progress"),
+                                             ("SIGINT", "You insist... exiting now.")])
+def test_a_second_signal_during_a_graceful_shutdown_never_skips_the_cleanup(tmp_path, second, logged):
+    # Redis ignores a second SIGTERM, and takes a second SIGINT as "quit now": either way the
+    # pidfile and the arena go.
+    import os
+    import signal
+    import socket
+
+    from pfxcache.testing import encode_command
+
+    pidfile = tmp_path / "pfxcached.pid"
+    daemon = start_daemon("--page-size", "1", "--block-bytes", "1mb", "--maxmemory", "32mb",
+                          "--evict-low-watermark", "0", "--shutdown-timeout", "3", "--pidfile", str(pidfile))
+    admin = redis.Redis(host=daemon.host, port=daemon.port)
+    tokens = [str(t) for t in range(16)]
+    admin.execute_command("PFXSET", "big", "TOKENS", *tokens, "DATA", b"x" * (16 << 20))
+    path = redis.Redis(host=daemon.host, port=daemon.port, protocol=3).execute_command("PFXINFO")[b"arena"][b"path"]
+    admin.close()
+    # A client that never reads its replies keeps the daemon busy writing: the shutdown waits for it.
+    hog = socket.create_connection(daemon.address)
+    hog.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    hog.sendall(encode_command("PFXGET", "big", "TOKENS", *tokens, "NOLEASE", "WITHDATA") * 4)
+    time.sleep(0.5)
+    daemon.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "scheduling shutdown" in daemon.log_text(), 10, "the shutdown to start")
+    daemon.proc.send_signal(getattr(signal, second))  # an impatient supervisor, or user
+    try:
+        assert daemon.proc.wait(30) == 0, daemon.log_text()[-2000:]
+    finally:
+        hog.close()
+    assert not pidfile.exists() and not os.path.exists(path.decode())
+    assert logged in daemon.log_text() and "bye bye" in daemon.log_text()

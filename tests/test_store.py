@@ -140,17 +140,21 @@ def test_shm_stale_cleanup():
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stale = f"/dev/shm/pfxcachetest-{dead.pid}-7000"
-    mine = f"/dev/shm/pfxcachetest-{os.getpid()}-7001"
-    for path in (stale, mine):
+    # Our own pid in the name of a file nobody holds: a leftover of an earlier life with the same
+    # pid (PID 1 in a restarted container). The lock decides (issue 12), not the pid.
+    leftover = f"/dev/shm/pfxcachetest-{os.getpid()}-7001"
+    for path in (stale, leftover):
         with open(path, "wb") as f:
             f.write(b"x")
+    live = ShmArena(8, 4, name=f"pfxcachetest-{os.getpid()}-7002")  # held locked while it lives
     try:
         removed = ShmArena.cleanup_stale(prefix="pfxcachetest-")
-        assert os.path.basename(stale) in removed
-        assert not os.path.exists(stale)
-        assert os.path.exists(mine)
+        assert sorted(removed) == sorted(os.path.basename(p) for p in (stale, leftover))
+        assert not os.path.exists(stale) and not os.path.exists(leftover)
+        assert os.path.exists(live.path)
     finally:
-        for path in (stale, mine):
+        live.close()
+        for path in (stale, leftover):
             if os.path.exists(path):
                 os.unlink(path)
 

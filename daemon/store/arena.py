@@ -13,6 +13,8 @@ import fcntl
 import mmap
 import os
 import secrets
+import stat
+import time
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -20,6 +22,8 @@ import numpy as np
 from .errors import BadRequest
 
 SHM_DIR = "/dev/shm"
+#: Seconds during which a new arena file of a live pid may not be locked yet by its creator.
+CREATION_GRACE_S = 10.0
 #: Past this many runs of consecutive ids, zero() does one fancy-indexed store instead of a memset per run.
 MAX_ZERO_RUNS = 32
 
@@ -222,16 +226,15 @@ class ShmArena(Arena):
         self._owner = create
         size = block_bytes * nblocks
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(self.path, flags, 0o600)
+        fd = os.open(self.path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             if create:
+                # Locked first: cleanup_stale() in another daemon then leaves it alone.
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 os.ftruncate(fd, size)
                 # Really reserve the memory now: a sparse file on a tmpfs smaller than
                 # maxmemory would make a later write into the mapping die of SIGBUS.
                 os.posix_fallocate(fd, 0, size)
-                # Held for the daemon's life: cleanup_stale() in another daemon, even in
-                # another PID namespace sharing /dev/shm, then knows the file is in use.
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             elif os.fstat(fd).st_size < size:
                 raise ValueError(f"{self.path} is smaller than {size} bytes")
             mapping = mmap.mmap(fd, size)
@@ -282,29 +285,48 @@ class ShmArena(Arena):
 
     @staticmethod
     def cleanup_stale(prefix: str = "pfxcache-", directory: str = SHM_DIR) -> list[str]:
-        """Remove ``<prefix><pid>-*`` files of processes that no longer exist; returns their names."""
+        """Remove ``<prefix><pid>-*`` arena files nobody holds any more; returns their names.
+
+        The lock is the truth, not the pid: a live arena's creator holds it locked for its whole
+        life (even from another PID namespace sharing /dev/shm), while the pid in a name may have
+        been reused by an unrelated process (or be this daemon's own: PID 1 in a restarted
+        container). Anything but a regular file (a fifo, whose open would block forever, a
+        directory, a link) is never opened nor removed: it only takes its name. A file of a
+        live pid is spared while it may still be in its creator's first moments (empty or just
+        written), before the lock is taken.
+        """
         removed = []
         try:
             names = os.listdir(directory)
-        except FileNotFoundError:
+        except OSError:
             return removed
+        now = time.time()
         for name in names:
             if not name.startswith(prefix):
                 continue
             pid_text = name[len(prefix):].split("-", 1)[0]
-            if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+            if not pid_text.isdigit():
                 continue
             path = os.path.join(directory, name)
             try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                continue
+            young = info.st_size == 0 or now - info.st_mtime < CREATION_GRACE_S
+            if young and int(pid_text) != os.getpid() and _pid_alive(int(pid_text)):
                 continue
             try:
-                # A live daemon holds its file locked, even one whose pid we cannot see.
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                os.unlink(path)
-                removed.append(name)
-            except (BlockingIOError, FileNotFoundError):
+                if os.fstat(fd).st_ino == os.lstat(path).st_ino:  # still the file we locked
+                    os.unlink(path)
+                    removed.append(name)
+            except OSError:  # locked by its live owner, gone meanwhile, or not ours to remove
                 pass
             finally:
                 os.close(fd)
