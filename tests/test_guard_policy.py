@@ -27,7 +27,7 @@ def rates(trace, capacity, policies=("lru", "reuse", "guard")):
 def test_registered_and_selectable():
     assert POLICIES["guard"] is GuardPolicy
     store = PrefixStore(MemoryArena(1, 64), page_size=B, policy="guard")
-    assert store.policy == "guard" and store.policy_state()["guard_driver"] == "lru"
+    assert store.policy == "guard" and store.policy_state()["guard_driver"] == "reuse"  # untrained, reuse is LRU
     store.set_policy("lru")
     store.set_policy("guard")
     assert store.check() == []

@@ -31,8 +31,11 @@ def test_mooncake_tokens_mapping():
     assert int(big[0]) == (2**40 * 512) & 0xFFFFFFFF
     with pytest.raises(ValueError):
         replay.mooncake_tokens([1, 2], 512)  # 2 blocks need more than 512 tokens
-    with pytest.raises(ValueError):
-        replay.mooncake_tokens([1], 513)
+    # Past the last block (a partial block without a hash id): tokens unique to the request, not refused.
+    past = replay.mooncake_tokens([1], 513 + 600, serial=5)
+    assert len(past) == 1113 and np.array_equal(past[:512], replay.mooncake_tokens([1], 512))
+    other = replay.mooncake_tokens([1], 513 + 600, serial=6)
+    assert not np.array_equal(past[512:], other[512:])
 
 
 def test_read_mooncake_and_per_file_namespaces(tmp_path):
@@ -52,9 +55,22 @@ def test_read_mooncake_and_per_file_namespaces(tmp_path):
     assert two["hit_tokens"] == B  # per file: only c1's second request hits (its own first one's page 0)
     assert one["input_tokens"] == two["input_tokens"] == 80
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"input_length": 50, "hash_ids": [0, 1]}\n')
+    bad.write_text('{"input_length": 10, "hash_ids": [0, 1]}\n')  # two blocks need more than one block of tokens
     with pytest.raises(ValueError):
         replay.read_trace([bad], "mooncake", False, block_tokens=B)
+
+
+def test_input_past_the_hash_ids_replays_as_tokens_unique_to_the_request(tmp_path):
+    """kv-cache-tester traces: input_length runs past the hash ids (a partial last block without one)."""
+    f = tmp_path / "tester.jsonl"
+    f.write_text('{"timestamp": 0, "input_length": 70, "hash_ids": [0, 1]}\n'  # 2 blocks + 38 tokens
+                 '{"timestamp": 1, "input_length": 70, "hash_ids": [0, 1]}\n')
+    trace = replay.read_trace([f], "mooncake", False, block_tokens=B)
+    assert [r.input_tokens for r in trace.requests] == [70, 70]
+    got = replay.replay_store(trace, "lru", 100, B, quiet=True)
+    assert got["hit_tokens"] == 2 * B  # the second hits the two hashed blocks, never the other's own pages
+    bound = replay.belady(trace, replay.page_chains(trace, B), 100, B, quiet=True)
+    assert bound["hit_tokens"] == 2 * B
 
 
 def test_tokens_format(tmp_path):

@@ -1,55 +1,66 @@
-"""The ``guard`` eviction policy: the learned ``reuse`` order where it pays, LRU's order everywhere else.
+"""The ``guard`` eviction policy: the order of whichever expert would have hit most, never much below LRU.
 
-A learned order wins where its model of the workload holds and can lose to
-plain LRU where it does not. The guard indexes every candidate in both
-orders (two lazy heaps over the same leaves) and lets the one that would
-have hit more, recently, choose the victims. "Would have hit" comes from
-miniature simulations (SHARDS: Waldspurger et al., "Cache Modeling and
-Optimization using Miniature Simulations", USENIX ATC 2017): two
-metadata-only prefix caches, one ordered by ``lru`` and one by ``reuse``,
-see the same spatially sampled stream of pages and hold ``rate`` x the
-store's capacity, rate = min(1, SAMPLE_PAGES / capacity).
+Each policy wins on the shape it suits and can lose to plain LRU elsewhere
+(reuse kept 0.83x of LRU on tests/test_guard_policy.py's fooling workload).
+The guard indexes every candidate in the order of four experts, ``lru``,
+``reuse``, ``ghost`` and ``hybrid`` (in ticks), one lazy heap (or bucket
+set) each over the same leaves, and lets the one that would have hit most,
+recently, choose the victims. "Would have hit" comes from miniature
+simulations (SHARDS: Waldspurger et al., "Cache Modeling and Optimization
+using Miniature Simulations", USENIX ATC 2017): one metadata-only prefix
+cache per expert, all fed the same spatially sampled stream of pages, each
+holding ``rate`` x the store's capacity, rate = min(1, SAMPLE_PAGES /
+capacity). The experts are the "arms" of LeCaR / Cacheus, judged by
+simulation instead of by regret.
 
 Spatial sampling of a prefix tree: a page's identity is a hash of its
 namespace and every token up to its end; the page is in the sample when that
 hash is below rate x 2**64. So a page is always or never sampled, and two
 requests share a sampled page exactly when they share the prefix up to it: a
 request's sampled pages, in order, are a chain of one-token pages in the
-miniature caches and the prefix structure survives the sampling. The LRU
+miniature caches, and the prefix structure survives the sampling. The LRU
 miniature predicts LRU on the whole (a page's ancestors are never less
-recent than the page); the reuse miniature is the real policy at scale
-``rate``.
+recent than the page); the others are their policy at scale ``rate``.
 
 Decisions, every DECIDE_EVERY sampled lookups, on hit counts that halve
-every HALFLIFE of them: reuse drives once its miniature hit more than
-(1 + MARGIN) x the LRU miniature, LRU drives again once reuse's falls below
-LRU's. It starts with LRU. And a check that needs no model: while reuse
-drives, the real cache's hits on the sampled pages are compared with the LRU
-miniature's; when they fall more than MARGIN below, LRU takes over and reuse
-is barred for VETO_DECISIONS decisions, twice as long each further time.
+every HALFLIFE of them: the expert whose miniature hit most takes over when
+it beat the driving one by MARGIN (BACK_MARGIN for LRU: doubt favours LRU);
+reuse drives at the start (untrained, its order is LRU's). And a check that
+needs no model: while another expert drives, the real cache's hits on the
+sampled pages are compared with the LRU miniature's; when they fall more
+than VETO_MARGIN below (a switch can cost more than the miniatures show),
+LRU takes over and the others sit out VETO_DECISIONS decisions, twice as
+long each further time. The constants were chosen on the tuning half of the
+suite (pfxcache.tools.workloads.TUNING) and the fooling workload's test.
 
 Costs: per lookup and store, one vectorised hash of the prompt (numpy,
-O(tokens)) and the two miniature caches' own O(log n) steps on the sampled
-pages; memory: one more heap entry per candidate, 2 x SAMPLE_PAGES pages of
-miniature caches, reuse's ghost. Everything counts in ticks and events, never
-seconds, so replays in process and through the daemon agree to the token.
+O(tokens)) and the miniature caches' own O(log n) steps on the sampled pages;
+per candidate, one heap entry per expert. Extra memory is bounded: four
+miniatures of at most SAMPLE_PAGES pages, reuse's and ghost's ghosts. Every
+expert counts in ticks and events, never seconds, so replays in process and
+through the daemon agree to the token.
 """
 
 from __future__ import annotations
 
+import heapq
 import zlib
 
 import numpy as np
 
-from .policies import EvictionIndex, LRUPolicy
+from .policies import GhostPolicy, HybridPolicy, LRUPolicy, _bucket
 from .radix import RadixTree, Totals
 from .reuse import ReusePolicy
 
-SAMPLE_PAGES = 4096  # pages each miniature cache holds at most (its sampling rate follows)
+SAMPLE_PAGES = 4096  # pages each miniature cache holds at most (its sampling rate follows) ...
+MAX_RATE = 1.0  # ... and the largest share of pages sampled
 DECIDE_EVERY = 32  # sampled lookups between two decisions
 HALFLIFE = 1024  # sampled lookups after which a hit counts half
-MARGIN = 0.02  # reuse must hit 2 % more than LRU in miniature to take over
-VETO_DECISIONS = 64  # decisions reuse sits out after the real cache fell behind the LRU miniature
+START = "reuse"  # untrained, reuse's order is LRU's: it may as well drive from the start
+MARGIN = 0.02  # reuse takes over once its miniature hits 2 % more than the LRU miniature
+BACK_MARGIN = 0.01  # ... and LRU once it hits 1 % more than reuse's (between the two: no change)
+VETO_MARGIN = 0.01  # the real cache more than 1 % below the LRU miniature: LRU takes over ...
+VETO_DECISIONS = 64  # ... for 64 decisions, twice as long each further time
 
 _MASK32 = np.uint64(0xFFFFFFFF)
 _DEPTH_CHUNK = 4096  # depth multipliers are made in chunks, each from its own seed (deterministic)
@@ -69,6 +80,7 @@ class PageSampler:
     """Which pages of a prompt are in the sample, and their identities as one-token pages."""
 
     def __init__(self, page_bytes: int, rate: float) -> None:
+        self.page_bytes = page_bytes
         self.page_tokens = page_bytes // 4
         self.rate = rate
         self._all = rate >= 1.0
@@ -100,6 +112,31 @@ class PageSampler:
         return (x & _MASK32).astype("<u4").tobytes(), depths
 
 
+class _MiniIndex:
+    """EvictionIndex without per-namespace indexes: a miniature cache only ever evicts globally."""
+
+    def __init__(self, factory) -> None:
+        self.all = factory()
+        self._evicted = getattr(self.all, "evicted", None)
+
+    def add(self, node, uncovered: bool = False) -> None:
+        node.version += 1
+        node.evictable = True
+        self.all.push(node, uncovered)
+
+    def remove(self, node) -> None:
+        node.version += 1
+        node.evictable = False
+        self.all.drop()
+
+    def evicted(self, node, whole: bool) -> None:
+        if self._evicted is not None:
+            self._evicted(node, whole)
+
+    def best(self):
+        return self.all.peek(0.0)
+
+
 class MiniCache:
     """A miniature simulation: a metadata-only prefix cache of one-token pages under one policy.
 
@@ -110,7 +147,7 @@ class MiniCache:
 
     def __init__(self, factory, capacity: int) -> None:
         self.capacity = max(int(capacity), 1)
-        self.index = EvictionIndex(factory)
+        self.index = _MiniIndex(factory)
         self.totals = Totals()
         self.trees: dict[bytes, RadixTree] = {}
 
@@ -145,7 +182,7 @@ class MiniCache:
         short = (n - pages) - (self.capacity - totals.pages)
         index = self.index
         while short > 0:
-            victim = index.best(0.0)
+            victim = index.best()
             if victim is None:
                 break
             k = min(short, len(victim.blocks))
@@ -160,66 +197,103 @@ class MiniCache:
         tree.touch(end, now, hit=False)
 
 
-class _BothOrders:
-    """Every candidate in the lru and the reuse order; ``driver()`` says which one evicts."""
+class Clock:
+    """The latest tick a policy has seen (node.tick of its pushes): "now" for orders that age."""
 
-    def __init__(self, reuse: ReusePolicy) -> None:
-        self.lru = LRUPolicy()
-        self.reuse = reuse
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = 0
+
+
+class TickHybridPolicy(HybridPolicy):
+    """hybrid's age / (freq + 1), with ages in ticks (the same in process and through the daemon)."""
+
+    name = "hybrid"
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        super().__init__()
+        self.clock = clock if clock is not None else Clock()
+        self._own = clock is None
+
+    def push(self, node, uncovered: bool = False) -> None:
+        if self._own and node.tick > self.clock.now:
+            self.clock.now = node.tick
+        heapq.heappush(self._buckets[_bucket(node.freq)], (node.tick, next(self._seq), node.version, node))
+        self.live += 1
+        self._entries += 1
+
+    def peek(self, now: float):
+        return super().peek(float(self.clock.now))
+
+
+EXPERTS = {"lru": LRUPolicy, "reuse": ReusePolicy, "ghost": GhostPolicy, "hybrid": TickHybridPolicy}
+
+
+class _Orders:
+    """Every candidate in every expert's order; ``driver()`` names the one that evicts."""
+
+    def __init__(self, orders: dict) -> None:
+        self.orders = orders
+        self._all = tuple(orders.values())
         self.live = 0
 
     def driver(self) -> str:
         raise NotImplementedError
 
     def push(self, node, uncovered: bool = False) -> None:
-        self.reuse.push(node, uncovered)
-        self.lru.push(node, uncovered)
+        for order in self._all:  # reuse first: a namespace's reuse order reads the key it sets
+            order.push(node, uncovered)
         self.live += 1
 
     def drop(self) -> None:
-        self.reuse.drop()
-        self.lru.drop()
+        for order in self._all:
+            order.drop()
         self.live -= 1
 
     def peek(self, now: float):
-        return (self.reuse if self.driver() == "reuse" else self.lru).peek(now)
+        return self.orders[self.driver()].peek(now)
 
     def nodes(self) -> list:
-        return self.lru.nodes()
+        return self.orders["lru"].nodes()
 
 
-class _ScopedGuard(_BothOrders):
-    """One namespace's candidates (EVICT commands): the orders of the global instance, its driver."""
+class _ScopedGuard(_Orders):
+    """One namespace's candidates (EVICT commands): the experts' orders there, the global driver."""
 
     def __init__(self, guard: GuardPolicy) -> None:
-        super().__init__(guard.reuse.for_scope())
+        orders = guard.orders
+        super().__init__({"reuse": orders["reuse"].for_scope(), "lru": LRUPolicy(), "ghost": GhostPolicy(),
+                          "hybrid": TickHybridPolicy(orders["hybrid"].clock)})
         self.guard = guard
 
     def driver(self) -> str:
         return self.guard.driving
 
 
-class GuardPolicy(_BothOrders):
-    """reuse's order while miniature simulations say it beats LRU's, LRU's otherwise; see the module docstring."""
+class GuardPolicy(_Orders):
+    """The order of the expert whose miniature hit most, LRU's when in doubt; see the module docstring."""
 
     name = "guard"
 
     def __init__(self, capacity: int = SAMPLE_PAGES, page_bytes: int = 0) -> None:
-        super().__init__(ReusePolicy())
+        super().__init__({"reuse": ReusePolicy(), "lru": LRUPolicy(), "ghost": GhostPolicy(),
+                          "hybrid": TickHybridPolicy()})
+        self.reuse = self.orders["reuse"]
         capacity = max(int(capacity), 1)
-        self.rate = min(1.0, SAMPLE_PAGES / capacity)
+        self.rate = min(MAX_RATE, SAMPLE_PAGES / capacity)
         mini = max(round(capacity * self.rate), 1)
-        self.minis = {"lru": MiniCache(LRUPolicy, mini), "reuse": MiniCache(ReusePolicy, mini)}
+        self.minis = {name: MiniCache(factory, mini) for name, factory in EXPERTS.items()}
         self._sampler = PageSampler(page_bytes, self.rate) if page_bytes else None
-        self.driving = "lru"
-        self.hits = {"lru": 0.0, "reuse": 0.0, "real": 0.0}  # sampled pages hit, halving every HALFLIFE
+        self.driving = START
+        self.hits = {name: 0.0 for name in (*EXPERTS, "real")}  # sampled pages hit, halving every HALFLIFE
         self.sampled = 0.0  # sampled pages looked up, halving likewise
         self.lookups = 0  # sampled lookups seen
         self.switches = 0
         self.vetoes = 0
         self._veto_left = 0
         self._veto_length = VETO_DECISIONS
-        self._last: tuple[bytes, bytes] | None = None  # the latest lookup: its store is already simulated
+        self._last: tuple[bytes, bytes] | None = None  # the latest lookup's pages: their store is simulated
 
     @classmethod
     def for_store(cls, capacity: int, page_bytes: int) -> GuardPolicy:
@@ -242,7 +316,7 @@ class GuardPolicy(_BothOrders):
         if self._sampler is None or not npages:
             return
         ids, depths = self._sampler.sample(scope, tokens, npages)
-        self._last = (scope, ids)
+        self._last = (scope, tokens[: npages * self._sampler.page_bytes])
         if not len(depths):
             return
         hits = self.hits
@@ -258,25 +332,24 @@ class GuardPolicy(_BothOrders):
         """An insert of ``npages`` whole pages was committed (its pages are cached now)."""
         if self._sampler is None or not npages:
             return
-        ids, depths = self._sampler.sample(scope, tokens, npages)
         last = self._last
-        if last is not None and last[0] == scope and last[1].startswith(ids):
+        if last is not None and last[0] == scope and last[1].startswith(tokens[: npages * self._sampler.page_bytes]):
             return  # the store of what the latest lookup missed: simulated with it
+        ids, depths = self._sampler.sample(scope, tokens, npages)
         if len(depths):
             for mini in self.minis.values():
                 mini.store(scope, ids)
 
     def _decide(self) -> None:
         hits = self.hits
-        lru, reuse, real = hits["lru"], hits["reuse"], hits["real"]
+        current = self.driving
+        best = max(EXPERTS, key=hits.__getitem__)  # on a tie the first in EXPERTS: lru
         if self._veto_left:
             self._veto_left -= 1
-        elif self.driving == "lru":
-            if reuse > (1.0 + MARGIN) * lru:
-                self._drive("reuse")
-        elif reuse < lru:
-            self._drive("lru")
-        elif real < (1.0 - MARGIN) * lru:  # the miniature misled: the real cache does worse than LRU would
+        elif best != current and hits[best] > (1.0 + (BACK_MARGIN if best == "lru" else MARGIN)) * hits[current]:
+            self._drive(best)
+        elif current != "lru" and hits["real"] < (1.0 - VETO_MARGIN) * hits["lru"]:
+            # the miniature misled: the real cache does worse than LRU would
             self._drive("lru")
             self.vetoes += 1
             self._veto_left = self._veto_length
@@ -297,9 +370,7 @@ class GuardPolicy(_BothOrders):
             "guard_driver": self.driving,
             "guard_sample_rate": round(self.rate, 6),
             "guard_sampled_lookups": self.lookups,
-            "guard_lru_hit_share": round(self.hits["lru"] / sampled, 4),
-            "guard_reuse_hit_share": round(self.hits["reuse"] / sampled, 4),
-            "guard_real_hit_share": round(self.hits["real"] / sampled, 4),
+            **{f"guard_{name}_hit_share": round(self.hits[name] / sampled, 4) for name in (*EXPERTS, "real")},
             "guard_switches": self.switches,
             "guard_vetoes": self.vetoes,
             **self.reuse.describe(),

@@ -27,9 +27,9 @@ Modes:
                  uses that daemon as it is (its capacity; the policy is set
                  with CONFIG SET maxmemory-policy and the trace's namespaces
                  are emptied before each run).
-  Both modes give the same hit rates for lru, lfu, ghost and reuse (their
-  order depends only on the order of accesses; reuse counts time in the
-  store's ticks); hybrid scores ages in seconds in the daemon, so its figures
+  Both modes give the same hit rates for lru, lfu, ghost, reuse and guard
+  (their order depends only on the order of accesses; reuse and guard count
+  time in the store's ticks); hybrid scores ages in seconds in the daemon, so its figures
   may differ a little there.
 
 Belady (offline reference): at page granularity, evict the cached page whose
@@ -43,7 +43,10 @@ Trace formats (--format):
   mooncake  {"input_length": n, "hash_ids": [...], "timestamp": ms} per line;
             hash id h becomes the 512 (--block-tokens) token ids
             (h * 512 + j) & 0xffffffff, the partial last block its first
-            input_length - 512 * (len(hash_ids) - 1) tokens. All files share
+            input_length - 512 * (len(hash_ids) - 1) tokens; an input_length
+            past the last block (a partial block without a hash id, as the
+            kv-cache-tester traces have) adds tokens unique to the request
+            (it replays, never refused). All files share
             one namespace unless --namespace-per-file (hash ids are per file,
             e.g. per conversation: each file becomes its own namespace).
   tokens    {"tokens": [ids...], "namespace": "optional"} per line.
@@ -107,6 +110,7 @@ class Request:
     hash_ids: list[int] | None = None
     tokens: np.ndarray | None = None  # uint32
     timestamp: float | None = None
+    serial: int = 0  # its line in the trace: names the tokens past its hash ids, unique to it
 
 
 @dataclass
@@ -120,16 +124,29 @@ class Trace:
         return sum(r.input_tokens for r in self.requests)
 
 
-def mooncake_tokens(hash_ids, input_length: int, block_tokens: int = MOONCAKE_BLOCK) -> np.ndarray:
-    """The token ids of a Mooncake request: block h -> (h*B + j) & 0xffffffff, the last block cut to fit."""
+def unique_tokens(serial: int, n: int) -> np.ndarray:
+    """``n`` token ids that only request ``serial`` has (a hash of (serial, position))."""
+    x = (np.uint64(serial) << np.uint64(32)) + np.arange(n, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    x ^= x >> np.uint64(31)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(29)
+    return (x & np.uint64(TOKEN_MASK)).astype(np.uint32)
+
+
+def mooncake_tokens(hash_ids, input_length: int, block_tokens: int = MOONCAKE_BLOCK, serial: int = 0) -> np.ndarray:
+    """The token ids of a Mooncake request: block h -> (h*B + j) & 0xffffffff, the last block cut to fit.
+
+    Tokens past the last hash id's block (kv-cache-tester traces leave a
+    partial last block without a hash id) are unique to the request: see unique_tokens.
+    """
     ids = np.asarray(hash_ids, dtype=np.uint64)
-    if not len(ids):
-        return np.empty(0, np.uint32)
+    lo = block_tokens * (len(ids) - 1)
+    if len(ids) and input_length <= lo:
+        raise ValueError(f"input_length {input_length} does not fill {len(ids)} blocks of {block_tokens} tokens")
     full = (ids[:, None] * np.uint64(block_tokens) + np.arange(block_tokens, dtype=np.uint64)[None, :])
     flat = (full & np.uint64(TOKEN_MASK)).astype(np.uint32).reshape(-1)
-    lo = block_tokens * (len(ids) - 1)
-    if not lo < input_length <= block_tokens * len(ids):
-        raise ValueError(f"input_length {input_length} does not fit {len(ids)} blocks of {block_tokens} tokens")
+    if input_length > len(flat):
+        flat = np.concatenate([flat, unique_tokens(serial, input_length - len(flat))])
     return flat[:input_length]
 
 
@@ -148,9 +165,10 @@ def read_trace(paths: list[Path], fmt: str, namespace_per_file: bool, block_toke
                 if fmt == "mooncake":
                     ids = [int(h) for h in obj["hash_ids"]]
                     n = int(obj["input_length"])
-                    if ids and not block_tokens * (len(ids) - 1) < n <= block_tokens * len(ids):
-                        raise ValueError(f"{path}:{lineno}: input_length {n} does not fit {len(ids)} blocks")
-                    requests.append(Request(str(obj.get("namespace", file_ns)), n, hash_ids=ids, timestamp=ts))
+                    if ids and n <= block_tokens * (len(ids) - 1):
+                        raise ValueError(f"{path}:{lineno}: input_length {n} does not fill {len(ids)} blocks")
+                    requests.append(Request(str(obj.get("namespace", file_ns)), n, hash_ids=ids, timestamp=ts,
+                                            serial=len(requests)))
                 else:
                     toks = np.asarray(obj["tokens"], dtype=np.int64)
                     if toks.size and (toks.min() < 0 or toks.max() > TOKEN_MASK):
@@ -229,7 +247,7 @@ def whole_pages(trace: Trace, req: Request, page_size: int, max_pages: int) -> t
     if req.tokens is not None:
         toks = req.tokens
     else:
-        toks = mooncake_tokens(req.hash_ids, req.input_tokens, trace.block_tokens)
+        toks = mooncake_tokens(req.hash_ids, req.input_tokens, trace.block_tokens, req.serial)
     npages = len(toks) // page_size
     if max_pages:
         npages = min(npages, max_pages)
@@ -244,7 +262,7 @@ def page_chains(trace: Trace, page_size: int) -> list[list[int]]:
         toks, npages = whole_pages(trace, req, page_size, 0)
         parent = ("ns", req.namespace)
         chain = []
-        if req.hash_ids is not None and page_size == trace.block_tokens:
+        if req.hash_ids is not None and page_size == trace.block_tokens and npages <= len(req.hash_ids):
             keys = req.hash_ids[:npages]  # a block is a page: its hash id names its content
         else:
             data = toks.tobytes()

@@ -1,0 +1,219 @@
+"""The eviction suite: every workload at four capacities, each policy against LRU and Belady's bound.
+
+Workloads: pfxcache.tools.workloads.SUITE (the shared trace, replay's
+``sessions`` and six generated shapes). Capacities: fixed shares of each
+workload's footprint (its distinct pages), by default 0.5 %, 2 %, 6 % and 20 %, so
+every workload is judged where its cache is small, tight and roomy. Replays
+run in process on the store (replay's store mode: the same code the daemon
+runs, and the same figures to the token for every policy but hybrid).
+
+The suite is cut in two halves: ``tuning`` (designs and constants were
+chosen on it) and ``held-out`` (reported on, never tuned on). For each half
+it prints per workload and capacity Belady/LRU and every policy/LRU, and a
+summary per policy: the geometric mean of its ratios to LRU, the worst ratio
+and where, and the worst ratio at the points where Belady is at least 2x
+LRU (where there is room to win).
+
+    python -m pfxcache.tools.suite                      # both halves, lru,hybrid,ghost,reuse,guard
+    python -m pfxcache.tools.suite --half held-out --policies lru,guard
+    python -m pfxcache.tools.suite --workloads chat,scans --fractions 0.01,0.05 --json
+
+The plot (ratio to LRU against capacity, one panel per workload) goes to
+scripts/out/suite.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+from . import replay, workloads
+
+FRACTIONS = (0.005, 0.02, 0.06, 0.2)
+DEFAULT_POLICIES = "lru,hybrid,ghost,reuse,guard"
+ROOM = 2.0  # Belady / LRU at or above this: a point where a policy has room to win
+
+
+def capacities(chains: list[list[int]], fractions) -> list[int]:
+    """Pages for each share of the workload's distinct pages (at least 16)."""
+    distinct = len({p for chain in chains for p in chain})
+    return [max(16, round(distinct * f)) for f in fractions]
+
+
+def run_workload(name: str, policies: list[str], fractions, seed: int = 1, quiet: bool = True) -> dict:
+    """{"capacities": [...], "requests", "distinct_pages", "results": {policy or "belady": {cap: hit_rate}}}."""
+    trace = workloads.SUITE[name](seed)
+    page_size = trace.block_tokens
+    chains = replay.page_chains(trace, page_size)
+    caps = capacities(chains, fractions)
+    results: dict[str, dict[int, float]] = {}
+    for cap in caps:
+        for policy in policies:
+            row = replay.replay_store(trace, policy, cap, page_size, quiet=quiet)
+            results.setdefault(policy, {})[cap] = row["hit_rate"]
+        results.setdefault("belady", {})[cap] = replay.belady(trace, chains, cap, page_size, quiet)["hit_rate"]
+    return {"workload": name, "trace": trace.name, "requests": len(trace.requests), "page_size": page_size,
+            "distinct_pages": len({p for c in chains for p in c}), "capacities": caps, "results": results}
+
+
+def _ratio(results: dict, policy: str, cap: int) -> float:
+    base = results["lru"][cap]
+    return results[policy][cap] / base if base else 1.0
+
+
+def summary(runs: list[dict], policies: list[str]) -> dict:
+    """Per policy: geometric mean, worst ratio to LRU (and where), the worst where Belady >= ROOM x LRU."""
+    out = {}
+    for policy in policies:
+        ratios, roomy = [], []
+        for run in runs:
+            for cap in run["capacities"]:
+                r = _ratio(run["results"], policy, cap)
+                where = f"{run['workload']}@{cap}"
+                ratios.append((r, where))
+                if _ratio(run["results"], "belady", cap) >= ROOM:
+                    roomy.append((r, where))
+        worst = min(ratios)
+        out[policy] = {
+            "geomean": math.exp(sum(math.log(max(r, 1e-9)) for r, _ in ratios) / len(ratios)),
+            "worst": worst[0], "worst_at": worst[1], "below_0.99": sum(r < 0.99 for r, _ in ratios),
+            "points": len(ratios), "roomy_points": len(roomy),
+            "roomy_worst": min(roomy)[0] if roomy else None, "roomy_worst_at": min(roomy)[1] if roomy else None,
+            "roomy_geomean": math.exp(sum(math.log(max(r, 1e-9)) for r, _ in roomy) / len(roomy)) if roomy else None,
+        }
+    return out
+
+
+def print_half(title: str, runs: list[dict], policies: list[str]) -> None:
+    others = [p for p in policies if p != "lru"]
+    head = f"{'workload':<11}{'pages':>8}{'share':>7}{'lru':>7}{'belady':>8}" + "".join(f"{p:>8}" for p in others)
+    print(f"\n== {title}: hit rate of lru, then ratio to lru (>1 is better); belady = the offline bound")
+    print(head)
+    print("-" * len(head))
+    for run in runs:
+        res = run["results"]
+        for cap, frac in zip(run["capacities"], run["fractions"]):
+            print(f"{run['workload']:<11}{cap:>8,}{frac:>7.1%}{res['lru'][cap]:>7.3f}"
+                  f"{_ratio(res, 'belady', cap):>8.2f}" + "".join(f"{_ratio(res, p, cap):>8.2f}" for p in others))
+    print(f"\n{title}: summary of ratios to lru over {sum(len(r['capacities']) for r in runs)} points")
+    print(f"{'policy':<8}{'geomean':>9}{'worst':>7}  {'worst at':<20}{'<0.99':>6}"
+          f"{'  where belady >= 2x lru: geomean, worst':>44}")
+    for policy, s in summary(runs, policies).items():
+        roomy = (f"{s['roomy_geomean']:>8.2f}{s['roomy_worst']:>7.2f} at {s['roomy_worst_at']} "
+                 f"({s['roomy_points']} points)") if s["roomy_points"] else "  (no such point)"
+        print(f"{policy:<8}{s['geomean']:>9.3f}{s['worst']:>7.2f}  {s['worst_at']:<20}{s['below_0.99']:>6}  {roomy}")
+
+
+def plot(runs: list[dict], policies: list[str], path) -> object:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is missing (pip install matplotlib): no plot", file=sys.stderr)
+        return None
+    cols = 4
+    rows = -(-len(runs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
+    for ax, run in zip(axes.flat, runs):
+        caps = run["capacities"]
+        for name in [*policies, "belady"]:
+            ys = [_ratio(run["results"], name, c) for c in caps]
+            style = {"color": "black", "linestyle": "--"} if name == "belady" else {"marker": "o"}
+            ax.plot(caps, ys, label=name, **style)
+        ax.axhline(0.99, color="red", linewidth=0.6)
+        ax.set_xscale("log")
+        ax.set_title(f"{run['workload']} ({'tuning' if run['workload'] in workloads.TUNING else 'held out'})",
+                     fontsize=9)
+        ax.set_xlabel("capacity (pages)", fontsize=8)
+        ax.set_ylabel("hit rate / lru's", fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in list(axes.flat)[len(runs):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pfxcache.daemon.store.registry import POLICIES
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--half", choices=("tuning", "held-out", "all"), default="all")
+    parser.add_argument("--workloads", help=f"comma-separated, overrides --half (known: {', '.join(workloads.SUITE)})")
+    parser.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated (default {DEFAULT_POLICIES})")
+    parser.add_argument("--fractions", default=",".join(map(str, FRACTIONS)),
+                        help="capacities as shares of each workload's distinct pages (default 0.005,0.02,0.06,0.2)")
+    parser.add_argument("--seed", type=int, default=1, help="generator seed (default 1)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--no-plot", action="store_true", help="do not write scripts/out/suite.png")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if "lru" not in policies:
+        policies.insert(0, "lru")
+    for p in policies:
+        if p not in POLICIES:
+            parser.error(f"unknown policy {p!r} (known: {', '.join(POLICIES)})")
+    fractions = [float(f) for f in args.fractions.split(",") if f.strip()]
+    if args.workloads:
+        names = [w.strip() for w in args.workloads.split(",") if w.strip()]
+        for w in names:
+            if w not in workloads.SUITE:
+                parser.error(f"unknown workload {w!r}")
+    else:
+        names = {"tuning": list(workloads.TUNING), "held-out": list(workloads.HELD_OUT),
+                 "all": [*workloads.TUNING, *workloads.HELD_OUT]}[args.half]
+    bar = replay.tqdm(total=len(names), desc="workloads", unit="wl", file=sys.stderr) \
+        if replay.tqdm is not None and not args.quiet else None
+    started = time.perf_counter()
+    runs = []
+    for name in names:
+        if bar is not None:
+            bar.set_postfix_str(name)
+        run = run_workload(name, policies, fractions, args.seed)
+        run["fractions"] = fractions
+        runs.append(run)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    command = "python -m pfxcache.tools.suite " + " ".join(sys.argv[1:] if argv is None else argv)
+    halves = [(title, [r for r in runs if r["workload"] in half])
+              for title, half in (("tuning", workloads.TUNING), ("held-out", workloads.HELD_OUT))]
+    halves += [("other", [r for r in runs if r["workload"] not in (*workloads.TUNING, *workloads.HELD_OUT)])]
+    halves = [(t, rs) for t, rs in halves if rs]
+    plot_path = None if args.no_plot else plot(runs, policies, replay.OUT / "suite.png")
+    if args.json:
+        for run in runs:
+            run["results"] = {p: {str(c): v for c, v in r.items()} for p, r in run["results"].items()}
+        print(json.dumps({"command": command.strip(), "policies": policies, "fractions": fractions,
+                          "runs": runs, "summary": {t: summary(_intkeys(rs), policies) for t, rs in halves},
+                          "seconds": round(time.perf_counter() - started, 1)}, indent=2))
+        return 0
+    print(f"$ {command.strip()}\n{len(runs)} workloads, seed {args.seed}, capacities at "
+          f"{', '.join(f'{f:.1%}' for f in fractions)} of each workload's distinct pages; "
+          f"{time.perf_counter() - started:.0f} s")
+    for title, rs in halves:
+        print_half(title, rs, policies)
+    if plot_path:
+        print(f"\nplot: {plot_path}")
+    return 0
+
+
+def _intkeys(runs: list[dict]) -> list[dict]:
+    """Runs whose result keys were turned into strings for JSON, with integer keys again."""
+    return [{**r, "results": {p: {int(c): v for c, v in res.items()} for p, res in r["results"].items()}}
+            for r in runs]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

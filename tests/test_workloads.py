@@ -1,0 +1,77 @@
+"""The eviction suite's workloads (pfxcache.tools.workloads) have the shapes they claim, and the suite runs."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+from pfxcache.tools import replay, suite, workloads
+
+
+def pages_per_request(trace):
+    return [len(c) for c in replay.page_chains(trace, trace.block_tokens)]
+
+
+@pytest.mark.parametrize("name", ["chat", "agentic", "rag", "sysprompts", "scans", "tenants"])
+def test_deterministic_and_replayable(name):
+    a = workloads.SUITE[name](3, requests=400)
+    b = workloads.SUITE[name](3, requests=400)
+    assert [(r.namespace, r.hash_ids, r.input_tokens) for r in a.requests] == \
+           [(r.namespace, r.hash_ids, r.input_tokens) for r in b.requests]
+    assert len(a.requests) == 400 and a.requests[0].hash_ids != workloads.SUITE[name](4, requests=400).requests[0].hash_ids
+    got = replay.replay_store(a, "guard", 200, a.block_tokens, quiet=True)
+    assert 0.0 < got["hit_rate"] < 1.0
+
+
+def test_agentic_contexts_grow_long_in_small_pages_and_sessions_differ():
+    trace = workloads.agentic(1, requests=1500)
+    assert trace.block_tokens == 64
+    assert max(r.input_tokens for r in trace.requests) > 30_000  # tens of thousands of tokens
+    # A turn's prompt is the previous turn's prompt plus the new pages: follow that to sessions.
+    chains = replay.page_chains(trace, 64)
+    ends: dict[int, int] = {}  # last page of a request -> its session
+    sessions = collections.Counter()
+    for i, chain in enumerate(chains):
+        session = next((ends[p] for p in reversed(chain[:-1]) if p in ends), i)
+        ends[chain[-1]] = session
+        sessions[session] += 1
+    turns = sorted(sessions.values())
+    # very different session lengths (a compaction starts a new prefix, so the longest show as several)
+    assert len(turns) > 10 and turns[-1] > 5 * turns[len(turns) // 2]
+
+
+def test_rag_shares_documents_sysprompts_are_many_scans_are_one_off():
+    rag = workloads.rag(1, requests=2000)
+    chunks = collections.Counter(tuple(r.hash_ids[-4:-2]) for r in rag.requests)
+    assert chunks.most_common(1)[0][1] > 1
+    sp = workloads.sysprompts(1, requests=3000)
+    assert len({r.hash_ids[0] for r in sp.requests}) > 500
+    scans = workloads.scans(1, requests=3000)
+    counts = collections.Counter(r.hash_ids[0] for r in scans.requests)
+    one_off = sum(1 for r in scans.requests if counts[r.hash_ids[0]] == 1)
+    assert 0.1 * len(scans.requests) < one_off < 0.9 * len(scans.requests)
+
+
+def test_tenants_are_namespaces_of_different_sizes():
+    trace = workloads.tenants(1, requests=2000)
+    sizes = collections.Counter(r.namespace for r in trace.requests)
+    assert set(sizes) == {"chat", "docs", "support", "agents"}
+    assert sizes["chat"] > 2 * sizes["docs"] > 2 * sizes["agents"]
+    # interleaved, not one tenant after another
+    assert {r.namespace for r in trace.requests[:200]} == set(sizes)
+
+
+def test_halves_split_the_suite():
+    assert set(workloads.TUNING).isdisjoint(workloads.HELD_OUT)
+    assert set(workloads.TUNING) | set(workloads.HELD_OUT) == set(workloads.SUITE)
+
+
+def test_suite_reports_ratios_to_lru_and_belady(monkeypatch, capsys):
+    monkeypatch.setitem(workloads.SUITE, "chat", lambda seed: workloads.chat(seed, requests=600))
+    assert suite.main(["--workloads", "chat", "--policies", "lru,guard", "--fractions", "0.05,0.2",
+                       "--no-plot", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "chat" in out and "belady" in out and "guard" in out and "geomean" in out
+    run = suite.run_workload("chat", ["lru", "guard"], [0.05])
+    (cap,) = run["capacities"]
+    assert run["results"]["belady"][cap] >= run["results"]["lru"][cap] > 0
