@@ -14,23 +14,23 @@ summary per policy: the geometric mean of its ratios to LRU, the worst ratio
 and where, and the worst ratio at the points where Belady is at least 2x
 LRU (where there is room to win).
 
-    python -m pfxcache.tools.suite                      # both halves, lru,hybrid,ghost,reuse,guard
-    python -m pfxcache.tools.suite --half held-out --policies lru,guard
-    python -m pfxcache.tools.suite --workloads chat,scans --fractions 0.01,0.05 --json
+    scripts/suite                                    # both halves, lru,hybrid,ghost,reuse,guard
+    scripts/suite --half held-out --policies lru,guard
+    scripts/suite --workloads chat,scans --fractions 0.01,0.05 --json
 
 The plot (ratio to LRU against capacity, one panel per workload) goes to
-scripts/out/suite.png.
+scripts/out/suite.png. ``scripts/suite`` runs this module under .venv.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 import time
 
 from . import replay, workloads
+from .common import OUT, command_line, progress_bar, save_plot, shown, tool_parser
 
 FRACTIONS = (0.005, 0.02, 0.06, 0.2)
 DEFAULT_POLICIES = "lru,hybrid,ghost,reuse,guard"
@@ -107,7 +107,7 @@ def print_half(title: str, runs: list[dict], policies: list[str]) -> None:
         print(f"{policy:<8}{s['geomean']:>9.3f}{s['worst']:>7.2f}  {s['worst_at']:<20}{s['below_0.99']:>6}  {roomy}")
 
 
-def plot(runs: list[dict], policies: list[str], path) -> object:
+def plot(runs: list[dict], policies: list[str], path, title: str) -> object:
     try:
         import matplotlib
 
@@ -118,7 +118,8 @@ def plot(runs: list[dict], policies: list[str], path) -> object:
         return None
     cols = 4
     rows = -(-len(runs) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows + 0.4), squeeze=False)
+    fig.suptitle(title, fontsize=9)
     for ax, run in zip(axes.flat, runs):
         caps = run["capacities"]
         for name in [*policies, "belady"]:
@@ -135,17 +136,13 @@ def plot(runs: list[dict], policies: list[str], path) -> object:
     for ax in list(axes.flat)[len(runs):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_plot(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     from pfxcache.daemon.store.registry import POLICIES
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = tool_parser("suite", __doc__)
     parser.add_argument("--half", choices=("tuning", "held-out", "all"), default="all")
     parser.add_argument("--workloads", help=f"comma-separated, overrides --half (known: {', '.join(workloads.SUITE)})")
     parser.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated (default {DEFAULT_POLICIES})")
@@ -172,40 +169,36 @@ def main(argv: list[str] | None = None) -> int:
     else:
         names = {"tuning": list(workloads.TUNING), "held-out": list(workloads.HELD_OUT),
                  "all": [*workloads.TUNING, *workloads.HELD_OUT]}[args.half]
-    bar = replay.tqdm(total=len(names), desc="workloads", unit="wl", file=sys.stderr) \
-        if replay.tqdm is not None and not args.quiet else None
+    bar = progress_bar(len(names), "workloads", "workload", quiet=args.quiet)
     started = time.perf_counter()
     runs = []
     for name in names:
-        if bar is not None:
-            bar.set_postfix_str(name)
+        bar.set_postfix_str(name)
         run = run_workload(name, policies, fractions, args.seed)
         run["fractions"] = fractions
         runs.append(run)
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    command = "python -m pfxcache.tools.suite " + " ".join(sys.argv[1:] if argv is None else argv)
+        bar.update(1)
+    bar.close()
+    command = command_line("suite", argv)
     halves = [(title, [r for r in runs if r["workload"] in half])
               for title, half in (("tuning", workloads.TUNING), ("held-out", workloads.HELD_OUT))]
     halves += [("other", [r for r in runs if r["workload"] not in (*workloads.TUNING, *workloads.HELD_OUT)])]
     halves = [(t, rs) for t, rs in halves if rs]
-    plot_path = None if args.no_plot else plot(runs, policies, replay.OUT / "suite.png")
+    plot_path = None if args.no_plot else plot(runs, policies, OUT / "suite.png", command)
     if args.json:
         for run in runs:
             run["results"] = {p: {str(c): v for c, v in r.items()} for p, r in run["results"].items()}
-        print(json.dumps({"command": command.strip(), "policies": policies, "fractions": fractions,
+        print(json.dumps({"command": command, "policies": policies, "fractions": fractions,
                           "runs": runs, "summary": {t: summary(_intkeys(rs), policies) for t, rs in halves},
                           "seconds": round(time.perf_counter() - started, 1)}, indent=2))
         return 0
-    print(f"$ {command.strip()}\n{len(runs)} workloads, seed {args.seed}, capacities at "
+    print(f"$ {command}\n{len(runs)} workloads, seed {args.seed}, capacities at "
           f"{', '.join(f'{f:.1%}' for f in fractions)} of each workload's distinct pages; "
           f"{time.perf_counter() - started:.0f} s")
     for title, rs in halves:
         print_half(title, rs, policies)
     if plot_path:
-        print(f"\nplot: {plot_path}")
+        print(f"\nplot: {shown(plot_path)}")
     return 0
 
 
