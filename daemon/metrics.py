@@ -15,20 +15,14 @@ labelled ones), so the sum over labels is the global counter.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
-
-from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    InfoMetricFamily,
-    Metric,
-)
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from .stats import LATENCY_BOUNDS_USEC
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from .commands.context import ServerState
 
 OTHER = "_other"  # the label of the namespaces beyond the cap
@@ -46,6 +40,13 @@ NAMES = (
     "pfxcache_command_duration_seconds", "pfxcache_kv_events_published", "pfxcache_kv_events_dropped",
     "pfxcache_kv_events_queue_length",
 )
+
+
+def _prometheus() -> ModuleType:
+    # Imported when the endpoint is used: a daemon without metrics-port needs no prometheus-client.
+    from prometheus_client import core
+
+    return core
 
 
 def _label(name: bytes) -> str:
@@ -79,64 +80,66 @@ class DaemonCollector:
         self.server = server
         self.slots = NamespaceSlots()
 
-    def describe(self) -> list[Metric]:
+    def describe(self) -> list[Any]:
         return []  # no fixed description: families are built at scrape time
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Any]:
+        m = _prometheus()
         server = self.server
         prefix = server.prefix
         store = prefix.store
         stats = store.stats()
-        yield InfoMetricFamily("pfxcache", "The daemon's version, geometry and policy.", value={
+        yield m.InfoMetricFamily("pfxcache", "The daemon's version, geometry and policy.", value={
             "version": server.version, "redis_version": server.redis_version, "policy": stats["policy"],
             "arena": str(prefix.arena.describe().get("backend")), "page_size": str(stats["page_size"]),
             "block_bytes": str(stats["block_bytes"])})
-        yield CounterMetricFamily("pfxcache_hit_tokens", "Prompt tokens found cached by PFXGET.",
+        yield m.CounterMetricFamily("pfxcache_hit_tokens", "Prompt tokens found cached by PFXGET.",
                                   stats["hits_tokens"])
-        yield CounterMetricFamily("pfxcache_miss_tokens", "Prompt tokens PFXGET did not find cached.",
+        yield m.CounterMetricFamily("pfxcache_miss_tokens", "Prompt tokens PFXGET did not find cached.",
                                   stats["misses_tokens"])
         yield from self._namespaces(stats)
-        yield GaugeMetricFamily("pfxcache_pages", "Cached pages.", stats["pages"])
-        yield GaugeMetricFamily("pfxcache_pinned_pages", "Cached pages pinned by a lease or an insert.",
+        yield m.GaugeMetricFamily("pfxcache_pages", "Cached pages.", stats["pages"])
+        yield m.GaugeMetricFamily("pfxcache_pinned_pages", "Cached pages pinned by a lease or an insert.",
                                 stats["pinned_pages"])
-        yield GaugeMetricFamily("pfxcache_namespaces", "Namespaces (keys) holding pages or leases.",
+        yield m.GaugeMetricFamily("pfxcache_namespaces", "Namespaces (keys) holding pages or leases.",
                                 stats["namespaces"])
-        yield GaugeMetricFamily("pfxcache_arena_blocks", "Blocks of the arena.", stats["blocks_total"])
-        yield GaugeMetricFamily("pfxcache_blocks_used", "Blocks holding a cached page or leased.",
+        yield m.GaugeMetricFamily("pfxcache_arena_blocks", "Blocks of the arena.", stats["blocks_total"])
+        yield m.GaugeMetricFamily("pfxcache_blocks_used", "Blocks holding a cached page or leased.",
                                 stats["blocks_used"])
-        yield GaugeMetricFamily("pfxcache_blocks_free", "Free blocks.", stats["blocks_free"])
-        yield GaugeMetricFamily("pfxcache_blocks_leased", "Blocks held by allocations and inserts in flight.",
+        yield m.GaugeMetricFamily("pfxcache_blocks_free", "Free blocks.", stats["blocks_free"])
+        yield m.GaugeMetricFamily("pfxcache_blocks_leased", "Blocks held by allocations and inserts in flight.",
                                 stats["blocks_leased"])
-        yield GaugeMetricFamily("pfxcache_blocks_pinned", "Blocks of cached pages a lease pins (not evictable).",
+        yield m.GaugeMetricFamily("pfxcache_blocks_pinned", "Blocks of cached pages a lease pins (not evictable).",
                                 stats["pinned_pages"])
-        yield GaugeMetricFamily("pfxcache_leases", "Active leases.", stats["leases"])
-        evicted = CounterMetricFamily("pfxcache_evicted_pages", "Pages evicted, by cause: pressure (room for "
+        yield m.GaugeMetricFamily("pfxcache_leases", "Active leases.", stats["leases"])
+        evicted = m.CounterMetricFamily("pfxcache_evicted_pages", "Pages evicted, by cause: pressure (room for "
                                       "a write), watermark (background), command (PFXEVICT, DEL), flush.",
                                       labels=["cause"])
         for cause, pages in store.evictions_by_cause.items():
             evicted.add_metric([cause], pages)
         yield evicted
-        yield CounterMetricFamily("pfxcache_oom_refusals", "Inserts and allocations refused with -OOM.",
+        yield m.CounterMetricFamily("pfxcache_oom_refusals", "Inserts and allocations refused with -OOM.",
                                   store.oom_refusals)
-        yield CounterMetricFamily("pfxcache_copied_in_bytes", "KV bytes copied into the arena from PFXSET DATA.",
+        yield m.CounterMetricFamily("pfxcache_copied_in_bytes", "KV bytes copied into the arena from PFXSET DATA.",
                                   prefix.copied_in_bytes)
-        yield CounterMetricFamily("pfxcache_copied_out_bytes", "KV bytes copied out of the arena for WITHDATA.",
+        yield m.CounterMetricFamily("pfxcache_copied_out_bytes", "KV bytes copied out of the arena for WITHDATA.",
                                   prefix.copied_out_bytes)
-        yield CounterMetricFamily("pfxcache_inserts", "Committed inserts (PFXSET).", stats["inserts"])
-        yield CounterMetricFamily("pfxcache_stored_pages", "Pages newly cached by inserts.", stats["stored_pages"])
+        yield m.CounterMetricFamily("pfxcache_inserts", "Committed inserts (PFXSET).", stats["inserts"])
+        yield m.CounterMetricFamily("pfxcache_stored_pages", "Pages newly cached by inserts.", stats["stored_pages"])
         yield from self._memory()
-        yield GaugeMetricFamily("pfxcache_connected_clients", "Client connections.", len(server.clients))
+        yield m.GaugeMetricFamily("pfxcache_connected_clients", "Client connections.", len(server.clients))
         yield from self._commands()
         yield from self._kv_events()
 
-    def _namespaces(self, stats: dict) -> Iterator[Metric]:
+    def _namespaces(self, stats: dict) -> Iterator[Any]:
+        m = _prometheus()
         store = self.server.prefix.store
         labelled = self.slots.choose(store.namespaces(), self.server.config["metrics-namespaces"])
-        hits = CounterMetricFamily("pfxcache_namespace_hit_tokens", "Prompt tokens found cached, by namespace.",
+        hits = m.CounterMetricFamily("pfxcache_namespace_hit_tokens", "Prompt tokens found cached, by namespace.",
                                    labels=["namespace"])
-        misses = CounterMetricFamily("pfxcache_namespace_miss_tokens", "Prompt tokens not found cached, by "
+        misses = m.CounterMetricFamily("pfxcache_namespace_miss_tokens", "Prompt tokens not found cached, by "
                                      "namespace.", labels=["namespace"])
-        pages = GaugeMetricFamily("pfxcache_namespace_pages", "Cached pages, by namespace.", labels=["namespace"])
+        pages = m.GaugeMetricFamily("pfxcache_namespace_pages", "Cached pages, by namespace.", labels=["namespace"])
         seen = [0, 0, 0]
         for name in labelled:
             ns = store.stats(name)
@@ -150,9 +153,10 @@ class DaemonCollector:
             family.add_metric([OTHER], value)
         yield from (hits, misses, pages)
 
-    def _memory(self) -> Iterator[Metric]:
+    def _memory(self) -> Iterator[Any]:
+        m = _prometheus()
         figures = self.server.prefix.memory_figures()
-        memory = GaugeMetricFamily("pfxcache_memory_bytes", "Memory by part: arena (reserved by maxmemory), "
+        memory = m.GaugeMetricFamily("pfxcache_memory_bytes", "Memory by part: arena (reserved by maxmemory), "
                                    "dataset (blocks holding data), heap (the process's private memory), "
                                    "startup (the heap of the empty daemon), metadata (heap added by the cached "
                                    "pages), rss (all resident), arena_resident (arena pages resident here).",
@@ -163,19 +167,20 @@ class DaemonCollector:
                             ("arena_resident", figures.arena_resident_bytes)):
             memory.add_metric([part], value)
         yield memory
-        yield GaugeMetricFamily("pfxcache_metadata_bytes_per_page", "Metadata bytes per cached page.",
+        yield m.GaugeMetricFamily("pfxcache_metadata_bytes_per_page", "Metadata bytes per cached page.",
                                 figures.metadata_per_page)
 
-    def _commands(self) -> Iterator[Metric]:
+    def _commands(self) -> Iterator[Any]:
+        m = _prometheus()
         stats = self.server.stats
-        yield CounterMetricFamily("pfxcache_commands_processed", "Commands processed (INFO's "
+        yield m.CounterMetricFamily("pfxcache_commands_processed", "Commands processed (INFO's "
                                   "total_commands_processed).", stats.total_commands_processed)
-        errors = CounterMetricFamily("pfxcache_error_replies", "Error replies, by error code (INFO errorstats).",
+        errors = m.CounterMetricFamily("pfxcache_error_replies", "Error replies, by error code (INFO errorstats).",
                                      labels=["code"])
         for code, count in stats.errors.items():
             errors.add_metric([code], count)
         yield errors
-        duration = HistogramMetricFamily("pfxcache_command_duration_seconds", "Time commands took to run, "
+        duration = m.HistogramMetricFamily("pfxcache_command_duration_seconds", "Time commands took to run, "
                                          "by command (INFO commandstats' usec, as a histogram).",
                                          labels=["command"])
         for name, stat in stats.commands.items():
@@ -189,20 +194,26 @@ class DaemonCollector:
         yield duration
 
 
-    def _kv_events(self) -> Iterator[Metric]:
+    def _kv_events(self) -> Iterator[Any]:
+        m = _prometheus()
         service = getattr(self.server, "kv_events", None)
         publisher = service.publisher if service is not None else None
         fields = dict(publisher.describe()) if publisher is not None else {}
-        yield CounterMetricFamily("pfxcache_kv_events_published", "KV events published on kv-events-endpoint.",
+        yield m.CounterMetricFamily("pfxcache_kv_events_published", "KV events published on kv-events-endpoint.",
                                   fields.get("kv_events_published", 0))
-        yield CounterMetricFamily("pfxcache_kv_events_dropped", "KV events dropped (queue full, or unsent).",
+        yield m.CounterMetricFamily("pfxcache_kv_events_dropped", "KV events dropped (queue full, or unsent).",
                                   fields.get("kv_events_dropped", 0))
-        yield GaugeMetricFamily("pfxcache_kv_events_queue_length", "KV events waiting for the publisher.",
+        yield m.GaugeMetricFamily("pfxcache_kv_events_queue_length", "KV events waiting for the publisher.",
                                 fields.get("kv_events_queue_length", 0))
 
 
 def build_registry(server: ServerState) -> CollectorRegistry:
-    """A registry of the daemon's metrics and the standard process_* ones (no global state)."""
+    """A registry of the daemon's metrics and the standard process_* ones (no global state).
+
+    ImportError when prometheus-client is not installed.
+    """
+    from prometheus_client import CollectorRegistry, ProcessCollector
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DaemonCollector(server))
     ProcessCollector(registry=registry)

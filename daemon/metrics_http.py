@@ -13,11 +13,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from http import HTTPStatus
+from typing import TYPE_CHECKING
 
 import h11
 import trio
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("pfxcached")
 
@@ -93,6 +95,8 @@ class MetricsEndpoint:
             return 405, [(b"allow", b"GET, HEAD"), (b"content-type", b"text/plain")], b"only GET and HEAD\n"
         path = request.target.split(b"?", 1)[0]
         if path == b"/metrics":
+            from prometheus_client.exposition import choose_encoder  # with the registry: installed
+
             accept = dict(request.headers).get(b"accept", b"").decode("latin-1")
             encoder, content_type = choose_encoder(accept)
             return 200, [(b"content-type", content_type.encode())], encoder(self.registry)

@@ -49,8 +49,9 @@ from .commands.table import CommandTable
 from .config import Config
 from .connection import send_chunks, serve_connection
 from .kv_event_service import KvEventService
-from .connection import serve_connection
 from .gate import CommandGate
+from .metrics import build_registry
+from .metrics_http import MetricsEndpoint
 from .prefix import PrefixService
 from .process import ProcessMemory
 from .pubsub import PubSub
@@ -400,13 +401,15 @@ class Server:
         """The Prometheus endpoint when ``metrics-port`` is set (else None); a StartupError if it cannot bind."""
         if not self.config["metrics-port"]:
             return None
-        # Imported only when asked for: prometheus-client is needed by the endpoint alone.
-        from .metrics import build_registry
-        from .metrics_http import MetricsEndpoint
-
         try:
             return await MetricsEndpoint.open(self.config["metrics-bind"], self.config["metrics-port"],
                                               build_registry(self))
+        except ImportError as exc:
+            for listener in self._listeners:
+                listener.close()
+            self.prefix.close()
+            self._remove_pidfile()
+            raise StartupError(f"metrics-port needs prometheus-client (pip install prometheus-client): {exc}") from exc
         except OSError as exc:
             for listener in self._listeners:
                 listener.close()
