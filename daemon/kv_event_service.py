@@ -24,8 +24,10 @@ log = logging.getLogger("pfxcached")
 CHANNEL_PREFIX = b"__kvevents@0__:"
 
 
-def _hex(value: int) -> bytes:
-    return b"%016x" % value
+def _hex_words(packed: bytes) -> list[bytes]:
+    """Packed 8-byte hashes as 16-hex-digit words."""
+    text = packed.hex().encode()
+    return [text[i : i + 16] for i in range(0, len(text), 16)]
 
 
 class KvEventChannels:
@@ -39,17 +41,17 @@ class KvEventChannels:
     def __init__(self, pubsub: Any) -> None:
         self.pubsub = pubsub
 
-    def blocks_stored(self, namespace: bytes, parent_hash: int | None, block_hashes: list[int],
+    def blocks_stored(self, namespace: bytes, parent_hash: bytes | None, block_hashes: bytes,
                       tokens: bytes) -> None:
         channel = CHANNEL_PREFIX + namespace
         if self.pubsub.has_listeners(channel):
-            parent = b"-" if parent_hash is None else _hex(parent_hash)
-            self.pubsub.publish(channel, b" ".join([b"stored", parent, *map(_hex, block_hashes)]))
+            parent = b"-" if parent_hash is None else parent_hash.hex().encode()
+            self.pubsub.publish(channel, b" ".join([b"stored", parent, *_hex_words(block_hashes)]))
 
-    def blocks_removed(self, namespace: bytes, block_hashes: list[int]) -> None:
+    def blocks_removed(self, namespace: bytes, block_hashes: bytes) -> None:
         channel = CHANNEL_PREFIX + namespace
         if self.pubsub.has_listeners(channel):
-            self.pubsub.publish(channel, b" ".join([b"removed", *map(_hex, block_hashes)]))
+            self.pubsub.publish(channel, b" ".join([b"removed", *_hex_words(block_hashes)]))
 
     def all_cleared(self, namespaces: list[bytes]) -> None:
         for namespace in namespaces:

@@ -24,17 +24,20 @@ merges two namespaces holding the same tokens. The block hashes themselves
 are pfxcache's stable ones (``store/block_hashes.py``).
 
 Never blocking the event loop: the store's sink (``blocks_stored`` ...) only
-puts a tuple on a bounded queue; a publisher thread turns queued events into
-batches (everything queued while it was busy goes into one batch), encodes them
-with msgspec and sends them. A full queue drops the event and counts it; a
-slow or absent subscriber costs nothing (ZMQ PUB drops at its high-water mark).
+appends a tuple to a bounded deque, and wakes the publisher thread only when it
+was idle; the thread waits ``BATCH_WINDOW`` for more, then turns everything
+pending into one batch, encodes it with msgspec and sends it. So a busy daemon
+sends a few large batches rather than one per store (waking a thread per event
+costs more CPU than the event itself), and a quiet one sends within about a
+millisecond. A full queue drops the event and counts it; a slow or absent
+subscriber costs nothing (ZMQ PUB drops at its high-water mark).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import logging
-import queue
 import threading
 import time
 from array import array
@@ -43,13 +46,17 @@ from typing import Any
 import msgspec
 import zmq
 
+from .store.block_hashes import to_ints
+
 log = logging.getLogger("pfxcached")
 
 #: The replay reply's end marker: -1 as 8 signed big-endian bytes, as vLLM sends it.
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 HEX_PREFIX = "pfx-hex:"
 #: Events per batch at most (a burst is cut into several batches).
-MAX_BATCH_EVENTS = 1024
+MAX_BATCH_EVENTS = 4096
+#: Seconds the thread, woken by a first event, waits for more before it sends them as one batch.
+BATCH_WINDOW = 0.001
 
 
 class BlockStored(msgspec.Struct, tag=True):
@@ -77,6 +84,7 @@ class EventBatch(msgspec.Struct, array_like=True):
     data_parallel_rank: int | None
 
 
+@functools.lru_cache(maxsize=4096)
 def namespace_label(namespace: bytes) -> str:
     """The ``lora_name`` a namespace is published under (one-to-one; see the module docstring)."""
     try:
@@ -106,7 +114,10 @@ class KvEventPublisher:
         self.page_size = page_size
         self.medium = medium
         self.queue_size = queue_size
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending: collections.deque = collections.deque()  # events for the thread (append/popleft are atomic)
+        self._wakeup = threading.Event()
+        self._idle = True  # the thread sleeps on _wakeup: the next event must set it
+        self._stopping = False
         self._replay_buffer: collections.deque = collections.deque(maxlen=max(1, replay_buffer))
         self._buffer_lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -125,17 +136,21 @@ class KvEventPublisher:
     # -- the store's sink (called on the event loop: only queue) ---------------------------------
 
     def _put(self, item: tuple) -> None:
-        if self._queue.qsize() >= self.queue_size:
+        pending = self._pending
+        if len(pending) >= self.queue_size:
             self.dropped_events += 1
             return
         self.queued_events += 1
-        self._queue.put(item)
+        pending.append(item)
+        if self._idle:
+            self._idle = False
+            self._wakeup.set()
 
-    def blocks_stored(self, namespace: bytes, parent_hash: int | None, block_hashes: list[int],
+    def blocks_stored(self, namespace: bytes, parent_hash: bytes | None, block_hashes: bytes,
                       tokens: bytes) -> None:
         self._put((0, namespace, parent_hash, block_hashes, tokens))
 
-    def blocks_removed(self, namespace: bytes, block_hashes: list[int]) -> None:
+    def blocks_removed(self, namespace: bytes, block_hashes: bytes) -> None:
         self._put((1, namespace, None, block_hashes, None))
 
     def all_cleared(self, namespaces: list[bytes]) -> None:
@@ -150,7 +165,7 @@ class KvEventPublisher:
 
     @property
     def queue_length(self) -> int:
-        return self._queue.qsize()
+        return len(self._pending)
 
     @property
     def last_seq(self) -> int:
@@ -201,8 +216,10 @@ class KvEventPublisher:
         """Send what is queued, stop the thread and close the sockets."""
         if self._thread is None:
             return
-        self._queue.put(None)
+        self._stopping = True
+        self._wakeup.set()
         self._thread.join(timeout)
+        self._stopping = False
         self._thread = None
         for sock in (self._pub, self._router):
             if sock is not None:
@@ -216,26 +233,27 @@ class KvEventPublisher:
     def _run(self) -> None:
         encoder = msgspec.msgpack.Encoder()
         poll_s = 0.02 if self._router is not None else 0.5
+        pending = self._pending
         while True:
-            try:
-                first = self._queue.get(timeout=poll_s)
-            except queue.Empty:
-                first = False
+            if not pending and not self._stopping:
+                self._wakeup.wait(poll_s)
+                self._wakeup.clear()
             if self._router is not None:
                 self._serve_replays()
-            if first is False:
+            if pending and not self._stopping:
+                time.sleep(BATCH_WINDOW)  # let the loop add what this burst still brings
+            while pending:
+                items = []
+                while pending and len(items) < MAX_BATCH_EVENTS:
+                    items.append(pending.popleft())
+                self._send(encoder, [self._event(item) for item in items])
+            # Idle again: the next event wakes us. Checked once more after saying so, so an
+            # event appended just before cannot be left waiting for the poll timeout.
+            self._idle = True
+            if pending:
+                self._idle = False
                 continue
-            items = [first]
-            while len(items) < MAX_BATCH_EVENTS:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = None in items
-            events = [self._event(item) for item in items if item is not None]
-            if events:
-                self._send(encoder, events)
-            if stop:
+            if self._stopping:
                 return
 
     def _event(self, item: tuple):
@@ -243,10 +261,10 @@ class KvEventPublisher:
         if kind == 0:
             ids = array("I")
             ids.frombytes(tokens)
-            return BlockStored(hashes, parent, ids.tolist(), self.page_size, None, self.medium,
-                               namespace_label(namespace))
+            return BlockStored(to_ints(hashes), None if parent is None else int.from_bytes(parent, "big"),
+                               ids.tolist(), self.page_size, None, self.medium, namespace_label(namespace))
         if kind == 1:
-            return BlockRemoved(hashes, self.medium)
+            return BlockRemoved(to_ints(hashes), self.medium)
         return AllBlocksCleared()
 
     def _send(self, encoder, events: list) -> None:

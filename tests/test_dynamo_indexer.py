@@ -3,8 +3,8 @@
 The indexer (``ai-dynamo-runtime`` 1.6.1, in the test extras) subscribes to the daemon's KV events
 and must answer ``/query`` with the same longest prefix as ``PFXGET``, for random prompts with shared
 prefixes and partial pages in several namespaces holding the same tokens: after stores, after
-evictions under memory pressure, after PFXEVICT (a prefix, a whole namespace), after FLUSHALL with a
-lease kept, and after it was away for a while and caught up through the replay socket.
+evictions under memory pressure, after PFXEVICT (a prefix, a whole namespace), after DEL of a namespace
+whose pages a lease pins, after FLUSHALL with a lease kept, and after it was away for a while and caught up through the replay socket.
 
 Each comparison first waits for a barrier: a fresh prompt stored in its own namespace, until the
 indexer reports it. Events are applied in sequence order, so every earlier event is applied by then.
@@ -140,6 +140,15 @@ def test_indexer_sees_what_pfxget_sees(fleet):
     fleet.compare(probes)
     fleet.r.execute_command("PFXEVICT", "tenant-b", "ALL")
     fleet.compare(probes)
+    # DEL while a lease pins pages of the namespace: to lookups (and to the indexer) all of it is gone.
+    pinned = stems[2]
+    fleet.store("tenant-a", pinned)
+    reader = redis.Redis(*fleet.daemon.address, protocol=2)
+    assert reader.execute_command("PFXGET", "tenant-a", "TOKENS", *pinned)[1] == len(pinned)
+    assert fleet.r.delete("tenant-a") == 1
+    assert fleet.matched("tenant-a", pinned) == 0
+    fleet.compare(probes + [("tenant-a", pinned)])
+    reader.close()
 
     # FLUSHALL while a lease pins one prompt: the indexer is cleared, then told of what stayed.
     kept = stems[1]

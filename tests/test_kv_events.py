@@ -179,7 +179,7 @@ def test_a_full_queue_drops_and_counts_without_waiting():
     """The sink only queues: with no thread draining it, events past the queue size are dropped."""
     publisher = KvEventPublisher(endpoint="tcp://127.0.0.1:1", page_size=PAGE, queue_size=3)
     for i in range(10):
-        publisher.blocks_stored(b"ns", None, [i], pack_tokens([i] * PAGE))
+        publisher.blocks_stored(b"ns", None, i.to_bytes(8, "big"), pack_tokens([i] * PAGE))
     assert (publisher.queued_events, publisher.dropped_events, publisher.queue_length) == (3, 7, 3)
 
 

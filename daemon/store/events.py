@@ -16,34 +16,39 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .block_hashes import chain, end_hash, namespace_seed, node_hashes
+from .block_hashes import HASH_BYTES, chain, namespace_seed, node_hashes, parent_hash, to_ints
 
 
 class StoreEvents(Protocol):
-    """The listener interface the store calls (see the module docstring)."""
+    """The listener interface the store calls (see the module docstring).
 
-    def blocks_stored(self, namespace: bytes, parent_hash: int | None, block_hashes: list[int],
+    Hashes come packed: 8 big-endian bytes per page (``block_hashes.to_ints`` reads them),
+    so the event loop never builds an integer per page.
+    """
+
+    def blocks_stored(self, namespace: bytes, parent_hash: bytes | None, block_hashes: bytes,
                       tokens: bytes) -> None:
         """Whole pages were cached: one hash per page, ``tokens`` their packed uint32 token ids."""
 
-    def blocks_removed(self, namespace: bytes, block_hashes: list[int]) -> None:
-        """Pages left the cache (children before their parents)."""
+    def blocks_removed(self, namespace: bytes, block_hashes: bytes) -> None:
+        """Pages left the cache (children before their parents, a run's last page first)."""
 
     def all_cleared(self, namespaces: list[bytes]) -> None:
         """FLUSHALL: every page of ``namespaces`` is gone (pinned survivors are announced again right after)."""
 
 
 class EventLog:
-    """A StoreEvents sink that keeps every call as a tuple: for tools, replays and tests."""
+    """A StoreEvents sink that keeps every call as a tuple, hashes as integers: for tools and tests."""
 
     def __init__(self) -> None:
         self.events: list[tuple] = []
 
     def blocks_stored(self, namespace, parent_hash, block_hashes, tokens) -> None:
-        self.events.append(("stored", namespace, parent_hash, list(block_hashes), bytes(tokens)))
+        parent = None if parent_hash is None else to_ints(parent_hash)[0]
+        self.events.append(("stored", namespace, parent, to_ints(block_hashes), bytes(tokens)))
 
     def blocks_removed(self, namespace, block_hashes) -> None:
-        self.events.append(("removed", namespace, list(block_hashes)))
+        self.events.append(("removed", namespace, to_ints(block_hashes)))
 
     def all_cleared(self, namespaces) -> None:
         self.events.append(("cleared", list(namespaces)))
@@ -71,30 +76,55 @@ class EventFanout:
 # -- what the store calls, given the radix nodes concerned -------------------------------------------
 
 
+def _live(tree) -> bool:
+    """False for the trees of a namespace deleted while leases pinned pages (DEL with a Tombstone
+    scope, keyspace.py): their pages were announced removed at the DEL, so nothing more is said."""
+    return type(tree.scope) is bytes
+
+
+def _backwards(packed: bytes) -> list[bytes]:
+    """Packed hashes, last page first."""
+    return [packed[i : i + HASH_BYTES] for i in range(len(packed) - HASH_BYTES, -1, -HASH_BYTES)]
+
+
 def announce_stored(sink: StoreEvents, leaf) -> None:
     """A new leaf was linked below its parent."""
-    parent = leaf.parent
-    parent_hash = end_hash(parent) if parent.parent is not None else None
-    sink.blocks_stored(leaf.tree.scope, parent_hash, node_hashes(leaf), leaf.key)
+    if _live(leaf.tree):
+        sink.blocks_stored(leaf.tree.scope, parent_hash(leaf), node_hashes(leaf), leaf.key)
 
 
 def announce_trim(sink: StoreEvents, node, k: int) -> None:
     """The last ``k`` pages of ``node`` are about to be evicted."""
-    sink.blocks_removed(node.tree.scope, node_hashes(node)[len(node.blocks) - k :])
+    if _live(node.tree):
+        hashes = node_hashes(node)
+        sink.blocks_removed(node.tree.scope, b"".join(_backwards(hashes[len(hashes) - k * HASH_BYTES :])))
+
+
+def _removed_below(sink: StoreEvents, tree, top, pinned_too: bool) -> None:
+    parts: list[bytes] = []
+    for node in tree.subtree(top):  # descendants first
+        if node.parent is not None and (pinned_too or node.lock_ref == 0):
+            parts += _backwards(node_hashes(node))
+    if parts:
+        sink.blocks_removed(tree.scope, b"".join(parts))
 
 
 def announce_drop(sink: StoreEvents, tree, top) -> None:
     """The unpinned nodes of ``top``'s subtree are about to be dropped (as ``RadixTree.drop_subtree`` does)."""
-    hashes: list[int] = []
-    for node in tree.subtree(top):  # descendants first
-        if node.parent is not None and node.lock_ref == 0:
-            hashes.extend(reversed(node_hashes(node)))
-    if hashes:
-        sink.blocks_removed(tree.scope, hashes)
+    if _live(tree):
+        _removed_below(sink, tree, top, pinned_too=False)
+
+
+def announce_deleted(sink: StoreEvents, tree) -> None:
+    """DEL of a namespace while leases still pin pages of ``tree``: to lookups they are gone now."""
+    if _live(tree):
+        _removed_below(sink, tree, tree.root, pinned_too=True)
 
 
 def announce_survivors(sink: StoreEvents, tree) -> None:
     """Every page still in ``tree`` (after a clear), parents before children."""
+    if not _live(tree):
+        return
     stack = list(tree.root.children.values())
     while stack:
         node = stack.pop()
@@ -108,8 +138,8 @@ def check_hashes(tree) -> list[str]:
     stack = [(child, namespace_seed(tree.scope)) for child in tree.root.children.values()]
     while stack:
         node, parent = stack.pop()
-        end = chain(parent, node.key, tree.page_bytes)[-1]
-        if node.block_hash is not None and node.block_hash != end:
-            problems.append(f"tree {tree.scope!r}/{tree.shard} node {node!r}: stale block hash")
-        stack.extend((child, end) for child in node.children.values())
+        hashes = chain(parent, node.key, tree.page_bytes)
+        if node.page_hashes is not None and node.page_hashes != hashes:
+            problems.append(f"tree {tree.scope!r}/{tree.shard} node {node!r}: stale block hashes")
+        stack.extend((child, hashes[-HASH_BYTES:]) for child in node.children.values())
     return problems

@@ -25,6 +25,8 @@ import itertools
 import random
 import time
 
+from .events import announce_deleted
+
 #: Redis's LFU counter: new keys start at 5, the counter saturates at 255.
 LFU_INIT = 5
 LFU_MAX = 255
@@ -187,6 +189,9 @@ class NamespaceKeys:
         store.evict_all(name)
         if store._ns.get(name) is not rec:  # nothing was pinned: it is retired already
             return True
+        if store.events is not None:  # KV events: the pages leases keep are gone for lookups
+            for tree in rec.trees.values():
+                announce_deleted(store.events, tree)
         tomb = Tombstone(name)
         del store._ns[name]
         store._index.forget_scope(name)

@@ -52,7 +52,7 @@ class Node:
     """An edge of the tree and the node below it (the root has an empty key)."""
 
     __slots__ = (
-        "block_hash",
+        "page_hashes",
         "blocks",
         "blocks_encoded",
         "children",
@@ -86,7 +86,7 @@ class Node:
         self.policy_data = None  # owned by the eviction policy (policies.py); None until it sets it
         self.version = 0  # bumped on every change of eviction-index membership or priority
         self.evictable = False  # mirrors membership in the eviction index
-        self.block_hash = None  # KV events: hash of the last page, cached by block_hashes.end_hash
+        self.page_hashes = None  # KV events: the pages' block hashes, 8 bytes each (block_hashes.py)
 
     @property
     def pages(self) -> int:
@@ -167,6 +167,8 @@ class RadixTree:
         top.gap = child.gap
         top.policy_data = child.policy_data  # the policy's view of the latest access through both
         top.lock_ref = child.lock_ref  # every pin through child also passes through top
+        if child.page_hashes is not None:  # each page keeps its block hash
+            top.page_hashes, child.page_hashes = child.page_hashes[: m * 8], child.page_hashes[m * 8 :]
         parent.children[top.key[:P]] = top
         child.key = child.key[cut:]
         child.blocks = child.blocks[m:]
@@ -279,7 +281,8 @@ class RadixTree:
             del node.blocks[n - k :]
             node.blocks_encoded = None
             node.key = node.key[: (n - k) * self.page_bytes]
-            node.block_hash = None  # its last page changed
+            if node.page_hashes is not None:  # the kept pages keep their hashes
+                node.page_hashes = node.page_hashes[: (n - k) * 8]
             self._count(-k, -k)
             return freed  # same priority, still a leaf: its index entries stay valid
         freed = node.blocks

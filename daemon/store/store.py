@@ -651,7 +651,7 @@ class PrefixStore(StoreFigures):
         KV events: one "all cleared" for the lot, then the pages leases kept are announced again.
         """
         events, self._events = self._events, None
-        names = self.namespaces()
+        names = [name for name in self.namespaces() if type(name) is bytes]  # not DEL's tombstones
         evicted = pinned = 0
         try:
             for name in list(self._ns):
