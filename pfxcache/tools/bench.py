@@ -308,6 +308,9 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--no-plot", action="store_true", help="do not write scripts/out/bench.png")
     parser.add_argument("--floor", action="store_true", help="also run PING_MBULK against a minimal trio server")
+    parser.add_argument("--mooncake", action="store_true",
+                        help="also run the Mooncake Store peer (a worker's lookup + KV fetch of a 4,096-token prompt "
+                             "vs PFXGET + read_into; see pfxcache.tools.mooncake_peer; installs it under scripts/out)")
     args = parser.parse_args()
     if not shutil.which("redis-benchmark") or not shutil.which("redis-server"):
         print("redis-benchmark and redis-server are needed: apt-get install redis-server redis-tools",
@@ -409,6 +412,14 @@ def main() -> int:
     if target is not None:
         verdict = "met" if target["ratio"] >= 0.7 else "MISSED"
         print(f"target PFXGET >= 0.7x redis GET at -P 1: {target['ratio']:.2f}x ({verdict})")
+    if args.mooncake:
+        from pfxcache.tools import mooncake_peer
+
+        print()
+        try:
+            print("\n".join(mooncake_peer.report(mooncake_peer.compare())))
+        except mooncake_peer.PeerUnavailable as exc:
+            print(f"Mooncake Store peer: not run: {exc}")
     if plot_path:
         print(f"plot: {shown(plot_path)}")
     return 0
