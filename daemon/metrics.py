@@ -27,18 +27,34 @@ if TYPE_CHECKING:
 
 OTHER = "_other"  # the label of the namespaces beyond the cap
 
+#: (metric, help, field of PrefixStore.stats()) of the counters and gauges read straight from the store.
+STORE_COUNTERS = (
+    ("pfxcache_hit_tokens", "Prompt tokens found cached by PFXGET.", "hits_tokens"),
+    ("pfxcache_miss_tokens", "Prompt tokens PFXGET did not find cached.", "misses_tokens"),
+    ("pfxcache_inserts", "Committed inserts (PFXSET).", "inserts"),
+    ("pfxcache_stored_pages", "Pages newly cached by inserts.", "stored_pages"),
+)
+STORE_GAUGES = (
+    ("pfxcache_pages", "Cached pages.", "pages"),
+    ("pfxcache_pinned_pages", "Cached pages pinned by a lease or an insert.", "pinned_pages"),
+    ("pfxcache_namespaces", "Namespaces (keys) holding pages or leases.", "namespaces"),
+    ("pfxcache_arena_blocks", "Blocks of the arena.", "blocks_total"),
+    ("pfxcache_blocks_used", "Blocks holding a cached page or leased.", "blocks_used"),
+    ("pfxcache_blocks_free", "Free blocks.", "blocks_free"),
+    ("pfxcache_blocks_leased", "Blocks held by allocations and inserts in flight.", "blocks_leased"),
+    ("pfxcache_blocks_pinned", "Blocks of cached pages a lease pins (not evictable).", "pinned_pages"),
+    ("pfxcache_leases", "Active leases.", "leases"),
+)
+
 # Every family this module exports (without the _total/_bucket suffixes): the Grafana
 # dashboard's queries are checked against these names.
 NAMES = (
-    "pfxcache_info", "pfxcache_hit_tokens", "pfxcache_miss_tokens", "pfxcache_namespace_hit_tokens",
-    "pfxcache_namespace_miss_tokens", "pfxcache_namespace_pages", "pfxcache_pages", "pfxcache_pinned_pages",
-    "pfxcache_namespaces", "pfxcache_arena_blocks", "pfxcache_blocks_used", "pfxcache_blocks_free",
-    "pfxcache_blocks_leased", "pfxcache_blocks_pinned", "pfxcache_leases", "pfxcache_evicted_pages",
-    "pfxcache_oom_refusals", "pfxcache_copied_in_bytes", "pfxcache_copied_out_bytes", "pfxcache_inserts",
-    "pfxcache_stored_pages", "pfxcache_memory_bytes", "pfxcache_metadata_bytes_per_page",
-    "pfxcache_connected_clients", "pfxcache_commands_processed", "pfxcache_error_replies",
-    "pfxcache_command_duration_seconds", "pfxcache_kv_events_published", "pfxcache_kv_events_dropped",
-    "pfxcache_kv_events_queue_length",
+    "pfxcache_info", *(name for name, _, _ in STORE_COUNTERS + STORE_GAUGES),
+    "pfxcache_namespace_hit_tokens", "pfxcache_namespace_miss_tokens", "pfxcache_namespace_pages",
+    "pfxcache_evicted_pages", "pfxcache_oom_refusals", "pfxcache_copied_in_bytes", "pfxcache_copied_out_bytes",
+    "pfxcache_memory_bytes", "pfxcache_metadata_bytes_per_page", "pfxcache_connected_clients",
+    "pfxcache_commands_processed", "pfxcache_error_replies", "pfxcache_command_duration_seconds",
+    "pfxcache_kv_events_published", "pfxcache_kv_events_dropped", "pfxcache_kv_events_queue_length",
 )
 
 
@@ -93,39 +109,23 @@ class DaemonCollector:
             "version": server.version, "redis_version": server.redis_version, "policy": stats["policy"],
             "arena": str(prefix.arena.describe().get("backend")), "page_size": str(stats["page_size"]),
             "block_bytes": str(stats["block_bytes"])})
-        yield m.CounterMetricFamily("pfxcache_hit_tokens", "Prompt tokens found cached by PFXGET.",
-                                  stats["hits_tokens"])
-        yield m.CounterMetricFamily("pfxcache_miss_tokens", "Prompt tokens PFXGET did not find cached.",
-                                  stats["misses_tokens"])
+        for name, doc, field in STORE_COUNTERS:
+            yield m.CounterMetricFamily(name, doc, stats[field])
+        for name, doc, field in STORE_GAUGES:
+            yield m.GaugeMetricFamily(name, doc, stats[field])
         yield from self._namespaces(stats)
-        yield m.GaugeMetricFamily("pfxcache_pages", "Cached pages.", stats["pages"])
-        yield m.GaugeMetricFamily("pfxcache_pinned_pages", "Cached pages pinned by a lease or an insert.",
-                                stats["pinned_pages"])
-        yield m.GaugeMetricFamily("pfxcache_namespaces", "Namespaces (keys) holding pages or leases.",
-                                stats["namespaces"])
-        yield m.GaugeMetricFamily("pfxcache_arena_blocks", "Blocks of the arena.", stats["blocks_total"])
-        yield m.GaugeMetricFamily("pfxcache_blocks_used", "Blocks holding a cached page or leased.",
-                                stats["blocks_used"])
-        yield m.GaugeMetricFamily("pfxcache_blocks_free", "Free blocks.", stats["blocks_free"])
-        yield m.GaugeMetricFamily("pfxcache_blocks_leased", "Blocks held by allocations and inserts in flight.",
-                                stats["blocks_leased"])
-        yield m.GaugeMetricFamily("pfxcache_blocks_pinned", "Blocks of cached pages a lease pins (not evictable).",
-                                stats["pinned_pages"])
-        yield m.GaugeMetricFamily("pfxcache_leases", "Active leases.", stats["leases"])
-        evicted = m.CounterMetricFamily("pfxcache_evicted_pages", "Pages evicted, by cause: pressure (room for "
-                                      "a write), watermark (background), command (PFXEVICT, DEL), flush.",
-                                      labels=["cause"])
+        evicted = m.CounterMetricFamily("pfxcache_evicted_pages", "Pages evicted, by cause: pressure (room "
+                                        "for a write), watermark (background), command (PFXEVICT, DEL), flush.",
+                                        labels=["cause"])
         for cause, pages in store.evictions_by_cause.items():
             evicted.add_metric([cause], pages)
         yield evicted
         yield m.CounterMetricFamily("pfxcache_oom_refusals", "Inserts and allocations refused with -OOM.",
-                                  store.oom_refusals)
-        yield m.CounterMetricFamily("pfxcache_copied_in_bytes", "KV bytes copied into the arena from PFXSET DATA.",
-                                  prefix.copied_in_bytes)
-        yield m.CounterMetricFamily("pfxcache_copied_out_bytes", "KV bytes copied out of the arena for WITHDATA.",
-                                  prefix.copied_out_bytes)
-        yield m.CounterMetricFamily("pfxcache_inserts", "Committed inserts (PFXSET).", stats["inserts"])
-        yield m.CounterMetricFamily("pfxcache_stored_pages", "Pages newly cached by inserts.", stats["stored_pages"])
+                                    store.oom_refusals)
+        yield m.CounterMetricFamily("pfxcache_copied_in_bytes", "KV bytes copied into the arena from PFXSET "
+                                    "DATA.", prefix.copied_in_bytes)
+        yield m.CounterMetricFamily("pfxcache_copied_out_bytes", "KV bytes copied out of the arena for "
+                                    "WITHDATA.", prefix.copied_out_bytes)
         yield from self._memory()
         yield m.GaugeMetricFamily("pfxcache_connected_clients", "Client connections.", len(server.clients))
         yield from self._commands()
@@ -136,9 +136,9 @@ class DaemonCollector:
         store = self.server.prefix.store
         labelled = self.slots.choose(store.namespaces(), self.server.config["metrics-namespaces"])
         hits = m.CounterMetricFamily("pfxcache_namespace_hit_tokens", "Prompt tokens found cached, by namespace.",
-                                   labels=["namespace"])
+                                     labels=["namespace"])
         misses = m.CounterMetricFamily("pfxcache_namespace_miss_tokens", "Prompt tokens not found cached, by "
-                                     "namespace.", labels=["namespace"])
+                                       "namespace.", labels=["namespace"])
         pages = m.GaugeMetricFamily("pfxcache_namespace_pages", "Cached pages, by namespace.", labels=["namespace"])
         seen = [0, 0, 0]
         for name in labelled:
@@ -157,10 +157,10 @@ class DaemonCollector:
         m = _prometheus()
         figures = self.server.prefix.memory_figures()
         memory = m.GaugeMetricFamily("pfxcache_memory_bytes", "Memory by part: arena (reserved by maxmemory), "
-                                   "dataset (blocks holding data), heap (the process's private memory), "
-                                   "startup (the heap of the empty daemon), metadata (heap added by the cached "
-                                   "pages), rss (all resident), arena_resident (arena pages resident here).",
-                                   labels=["part"])
+                                     "dataset (blocks holding data), heap (the process's private memory), "
+                                     "startup (the heap of the empty daemon), metadata (heap added by the cached "
+                                     "pages), rss (all resident), arena_resident (arena pages resident here).",
+                                     labels=["part"])
         for part, value in (("arena", figures.arena_bytes), ("dataset", figures.dataset_bytes),
                             ("heap", figures.heap_bytes), ("startup", figures.startup_heap_bytes),
                             ("metadata", figures.metadata_bytes), ("rss", figures.rss_bytes),
@@ -168,21 +168,21 @@ class DaemonCollector:
             memory.add_metric([part], value)
         yield memory
         yield m.GaugeMetricFamily("pfxcache_metadata_bytes_per_page", "Metadata bytes per cached page.",
-                                figures.metadata_per_page)
+                                  figures.metadata_per_page)
 
     def _commands(self) -> Iterator[Any]:
         m = _prometheus()
         stats = self.server.stats
         yield m.CounterMetricFamily("pfxcache_commands_processed", "Commands processed (INFO's "
-                                  "total_commands_processed).", stats.total_commands_processed)
+                                    "total_commands_processed).", stats.total_commands_processed)
         errors = m.CounterMetricFamily("pfxcache_error_replies", "Error replies, by error code (INFO errorstats).",
-                                     labels=["code"])
+                                       labels=["code"])
         for code, count in stats.errors.items():
             errors.add_metric([code], count)
         yield errors
         duration = m.HistogramMetricFamily("pfxcache_command_duration_seconds", "Time commands took to run, "
-                                         "by command (INFO commandstats' usec, as a histogram).",
-                                         labels=["command"])
+                                           "by command (INFO commandstats' usec, as a histogram).",
+                                           labels=["command"])
         for name, stat in stats.commands.items():
             if not stat.calls:
                 continue
@@ -193,18 +193,17 @@ class DaemonCollector:
             duration.add_metric([name], buckets, stat.usec / 1e6)
         yield duration
 
-
     def _kv_events(self) -> Iterator[Any]:
         m = _prometheus()
         service = getattr(self.server, "kv_events", None)
         publisher = service.publisher if service is not None else None
         fields = dict(publisher.describe()) if publisher is not None else {}
         yield m.CounterMetricFamily("pfxcache_kv_events_published", "KV events published on kv-events-endpoint.",
-                                  fields.get("kv_events_published", 0))
+                                    fields.get("kv_events_published", 0))
         yield m.CounterMetricFamily("pfxcache_kv_events_dropped", "KV events dropped (queue full, or unsent).",
-                                  fields.get("kv_events_dropped", 0))
+                                    fields.get("kv_events_dropped", 0))
         yield m.GaugeMetricFamily("pfxcache_kv_events_queue_length", "KV events waiting for the publisher.",
-                                fields.get("kv_events_queue_length", 0))
+                                  fields.get("kv_events_queue_length", 0))
 
 
 def build_registry(server: ServerState) -> CollectorRegistry:
