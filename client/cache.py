@@ -114,9 +114,8 @@ class PrefixCache(CacheCore):
 
     def _lease_dropped(self, lease: int) -> bool:
         """A result with ``lease`` was garbage-collected unreleased: release it now if the connection is free."""
-        if self._closed:
-            return False  # the connection closed: the daemon ended the lease with it
-        self._dropped.append(lease)
+        if not self._queue_dropped(lease):
+            return False
         if self._io.acquire(blocking=False):
             try:
                 self._release_dropped()
@@ -308,9 +307,8 @@ class AsyncPrefixCache(CacheCore):
 
     def _lease_dropped(self, lease: int) -> bool:
         """A result with ``lease`` was garbage-collected unreleased: release it from a task on the cache's loop."""
-        if self._closed:
-            return False  # the connection closed: the daemon ended the lease with it
-        self._dropped.append(lease)
+        if not self._queue_dropped(lease):
+            return False
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._start_release_task)

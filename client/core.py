@@ -184,7 +184,15 @@ class CacheCore:
             ids.append(self._dropped.popleft())
         return Request(commands.pfxrelease(ids), replies.released) if ids else None
 
-    def _lease_dropped(self, lease: int) -> bool:  # each front end releases it its own way; False: closed
+    def _queue_dropped(self, lease: int) -> bool:
+        """Queue the lease of a result collected unreleased; False when the cache is closed (the
+        connection's end ended the lease). Each front end's ``_lease_dropped`` then sends the queue."""
+        if self._closed:
+            return False
+        self._dropped.append(lease)
+        return True
+
+    def _lease_dropped(self, lease: int) -> bool:  # each front end releases it its own way
         raise NotImplementedError
 
     def _release_arena(self) -> None:
