@@ -12,12 +12,10 @@ neither: it calls one sink, set here.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .kv_events import KvEventPublisher
 from .store.events import EventFanout
-
-if TYPE_CHECKING:
-    from .kv_events import KvEventPublisher
 
 log = logging.getLogger("pfxcached")
 
@@ -99,9 +97,6 @@ class KvEventService:
     # -- wiring ------------------------------------------------------------------------------------------
 
     def _new_publisher(self) -> KvEventPublisher:
-        # Imported here: pyzmq and msgspec are needed only when KV events are published.
-        from .kv_events import KvEventPublisher
-
         config = self.config
         prefix = self.server.prefix
         medium = "GPU" if config["arena"] == "cuda" else "CPU"

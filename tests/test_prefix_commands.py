@@ -382,13 +382,15 @@ def test_lease_ttl_expiry(small):
     assert cmd(r, "PFXEVICT", ns, "ALL") == {"evicted": 0, "freed": 0, "pinned": 2}
 
     start = time.monotonic()
-    wait_for(lambda: stats(r)["leases"] == 0, 5, "the TTL'd leases to expire")
+    watcher = client(small)  # the owner stays silent: a command from it would end its fenced leases
+    wait_for(lambda: stats(watcher)["leases"] == 0, 5, "the TTL'd leases to expire")
     assert time.monotonic() - start < 1.5
     # Expired leases of a live connection are fenced (issue 12): their ids are dead, but their
-    # blocks stay out of circulation until the owner releases them or disconnects.
-    s = stats(r)
+    # blocks stay out of circulation until the owner speaks again, releases them or disconnects.
+    s = stats(watcher)
     assert (s["fenced_leases"], s["pinned_pages"], s["blocks_leased"], s["pages"]) == (2, 2, 3, 2)
     assert r.execute_command("PFXRELEASE", lease, alloc["lease"]) == 0  # already gone
+    watcher.close()
     s = stats(r)
     assert (s["pinned_pages"], s["blocks_leased"], s["blocks_free"], s["pages"]) == (0, 0, free0, 2)
     assert cmd(r, "PFXEVICT", ns, "ALL") == {"evicted": 2, "freed": 2 * BB, "pinned": 0}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pfxcache.protocol.replies import Push, Replies
+from pfxcache.protocol.replies import Error, Push, Replies, SimpleString
 
 from ..pubsub import ClientSubscriptions
 from . import handles
@@ -118,13 +118,9 @@ def pubsub_numpat(ctx: Any, argv: list[bytes]) -> Any:
 
 @handles("pubsub|help")
 def pubsub_help(ctx: Any, argv: list[bytes]) -> Any:
-    from pfxcache.protocol.replies import SimpleString
-
     return [SimpleString(line) for line in PUBSUB_HELP]
 
 
 def _unknown_subcommand(argv: list[bytes]) -> Any:
-    from pfxcache.protocol.replies import Error
-
     sub = argv[1].decode("utf-8", "replace")
     return Error(f"ERR unknown subcommand or wrong number of arguments for '{sub}'. Try PUBSUB HELP.")
