@@ -280,3 +280,30 @@ def test_acl_channel_rules_match_redis_server(servers):
     assert len(ours) == len(theirs) == len(ACL_SCRIPT) + 1
     for command, mine, real in zip(ACL_SCRIPT + [("ACL GETUSER channels",)], ours, theirs):
         assert mine == real, command
+
+
+def test_revoking_a_channel_closes_its_subscribers_as_redis_does(servers):
+    """ACL SETUSER that takes a subscribed channel away disconnects the subscriber (Redis 7)."""
+    def outcome(address):
+        admin, sub, other = Conn(address), Conn(address), Conn(address)
+        try:
+            admin.send("ACL", "SETUSER", "t2", "on", "nopass", "+@all", "resetchannels", "&a", "&b*")
+            admin.read(1)
+            for conn, channel in ((sub, "a"), (other, "b1")):
+                conn.send("AUTH", "t2", "x")
+                conn.read(1)
+                conn.send("SUBSCRIBE", channel)
+                conn.read(1)
+            admin.send("ACL", "SETUSER", "t2", "resetchannels", "&b*")
+            admin.read(1)
+            sub.sock.settimeout(10)
+            closed = sub.sock.recv(100) == b""
+            other.send("PING")
+            alive = other.read(1)
+            admin.send("ACL", "DELUSER", "t2")
+            admin.read(1)
+            return closed, alive
+        finally:
+            for conn in (admin, sub, other):
+                conn.close()
+    assert outcome(servers["pfxcached"]) == outcome(servers["redis-server"]) == (True, b"*2\r\n$4\r\npong\r\n$0\r\n\r\n")

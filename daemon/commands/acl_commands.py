@@ -29,7 +29,27 @@ def acl_setuser(ctx: Context, argv: list[bytes]) -> Any:
         ctx.server.acl.setuser(name, [_text(raw) for raw in argv[3:]])
     except AclError as exc:
         return Error(f"ERR {exc}")
+    _drop_revoked_subscribers(ctx, name)
     return OK
+
+
+def _drop_revoked_subscribers(ctx: Context, name: str) -> None:
+    """As Redis 7: a connection of ``name`` subscribed to a channel or pattern the new rules no
+    longer allow is closed (ACLKillPubsubClientsIfNeeded)."""
+    user = ctx.server.acl.users.get(name)
+    if user is None or user.all_channels:
+        return
+    for client in list(ctx.server.clients):
+        subs = client.pubsub
+        if client.user != name or subs is None or not subs.count:
+            continue
+        if all(user.channel_allowed(ch, False) for ch in subs.channels) and \
+                all(user.channel_allowed(p, True) for p in subs.patterns):
+            continue
+        if client is ctx.client:
+            client.close_after_reply = True
+        else:
+            client.kill()
 
 
 @handles("acl|getuser")
