@@ -47,9 +47,14 @@ def chain(parent: bytes, pages: bytes, page_bytes: int) -> bytes:
     return b"".join(out)
 
 
+@functools.lru_cache(maxsize=256)
+def _layout(count: int) -> struct.Struct:
+    return struct.Struct(f">{count}Q")
+
+
 def to_ints(packed: bytes) -> list[int]:
     """Packed hashes as the unsigned integers the wire carries."""
-    return list(struct.unpack(f">{len(packed) // HASH_BYTES}Q", packed))
+    return list(_layout(len(packed) // HASH_BYTES).unpack(packed))
 
 
 def prompt_hashes(namespace: bytes, tokens: bytes, page_bytes: int) -> list[int]:
