@@ -159,16 +159,17 @@ DIRECTIVES: tuple[Directive, ...] = (
     ),
     Directive(
         name="maxmemory-policy", kind=Enum(("lru", "lfu", "hybrid", "ghost", "reuse", "guard", "noeviction"),
-                                              synonyms=_REDIS_POLICIES), default="hybrid",
+                                              synonyms=_REDIS_POLICIES), default="guard",
         doc="Which unpinned leaf pages go first when blocks are needed: lru (least recently "
         "used), lfu (least frequently used, then least recent), hybrid (highest "
         "age / (frequency + 1)), ghost (LRU that, while the cache thrashes, puts new "
         "pages nobody continues at the LRU end; continuations of hit or recently evicted "
         "prefixes stay protected), reuse (LRU plus a learned boost for prefixes whose "
         "last reuse came quickly: the classes of access that come back sooner than "
-        "average are kept longer; plain LRU when nothing predicts a return), guard "
-        "(reuse's order while miniature simulations of a sample of the pages say it "
-        "hits more than LRU's, LRU's order otherwise), noeviction (never evict: writes "
+        "average are kept longer; plain LRU when nothing predicts a return), guard (the "
+        "default: the order of whichever of lru, reuse, ghost and hybrid hit most in "
+        "miniature simulations of a sample of the pages, LRU's as soon as the cache "
+        "falls behind what LRU would hit), noeviction (never evict: writes "
         "answer -OOM once the arena is full; PFXEVICT still works). redis-server's names are "
         "accepted: allkeys-lru and volatile-lru mean lru, allkeys-lfu and volatile-lfu lfu, "
         "allkeys-random, volatile-random and volatile-ttl lru.",

@@ -167,7 +167,7 @@ def test_every_call(make_cache, probe, protocol, mode):
 
     info = cache.info()
     assert isinstance(info, Info)
-    assert (info.page_size, info.block_bytes, info.policy, info.lease_ttl_ms) == (PS, BB, "hybrid", 30000)
+    assert (info.page_size, info.block_bytes, info.policy, info.lease_ttl_ms) == (PS, BB, "guard", 30000)
     # A sealed memfd (issue 12), opened through the daemon's /proc entry: the inode says it is the arena.
     assert info.arena["backend"] == "shm" and os.stat(info.arena["path"]).st_ino == info.arena["inode"]
     assert info.arena["blocks-total"] == NBLOCKS and info.arena["size"] == NBLOCKS * BB

@@ -185,7 +185,7 @@ EXPECTED_DEFAULTS = {
     "hz": 10,
     # the prefix store
     "maxmemory": 256 * 1024**2,
-    "maxmemory-policy": "hybrid",
+    "maxmemory-policy": "guard",
     "lfu-log-factor": 10,
     "lfu-decay-time": 1,
     "page-size": 16,
@@ -541,7 +541,7 @@ def test_get():
     assert config.get([b"proto-max-bulk-len"]) == {"proto-max-bulk-len": "536870912"}
     assert {k: v for k, v in config.get([b"*max*"]).items() if config.lookup(k) in DIRECTIVES} == {
         "maxclients": "10000", "proto-max-bulk-len": "536870912", "maxmemory": "268435456",
-        "maxmemory-policy": "hybrid", "prompt-max-tokens": "1048576",
+        "maxmemory-policy": "guard", "prompt-max-tokens": "1048576",
     }
     assert config.get([b"TCP-*", b"*backlog"]) == {"tcp-backlog": "511", "tcp-keepalive": "300"}
     assert config.get([b"nosuch", b"no*such", b""]) == {}

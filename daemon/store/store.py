@@ -46,7 +46,7 @@ EVICTION_CAUSES = ("pressure", "watermark", "command", "flush")
 class PrefixStore(StoreFigures):
     """Longest-prefix KV-cache store over an arena of blocks; see the module docstring."""
 
-    def __init__(self, arena, *, page_size: int = 16, shards: int = 16, policy: str = "hybrid",
+    def __init__(self, arena, *, page_size: int = 16, shards: int = 16, policy: str = "guard",
                  lease_ttl_ms: int = 30000, clock=time.monotonic, max_alloc: int | None = None,
                  fence_expired: bool = False) -> None:
         if not isinstance(page_size, int) or page_size < 1:
