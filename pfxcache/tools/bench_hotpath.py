@@ -232,7 +232,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args()
 
-    bar = progress_bar(4 * args.repeat + 3, "bench-hotpath", "step")
+    bar = progress_bar(5 * args.repeat + 3, "bench-hotpath", "step")
     served = Served()
     ratios, extra = resp_rounds(args, bar, served)
     copies, speeds = read_into_rounds(args.repeat)
