@@ -545,3 +545,52 @@ class Directive:
     def initial(self) -> Any:
         """The default value (computing it when it is :class:`Computed`)."""
         return self.default.compute() if isinstance(self.default, Computed) else self.default
+
+
+@dataclass(frozen=True, slots=True)
+class TenantQuotas(Kind):
+    """``tenant-quota <pattern> <max-pages> <max-leased-blocks> <max-leases> [...]``.
+
+    The typed value is a tuple of ``(pattern, max_pages, max_leased, max_leases)`` rules, in
+    the order given (a namespace falls under the first pattern matching it; 0: no limit on
+    that one). As client-output-buffer-limit does for its classes, a line or a CONFIG SET
+    value changes only the patterns it names: a rule of three zeros removes its pattern, and
+    CONFIG SET tenant-quota "" removes every rule. The whole value is refused on any error.
+    """
+
+    multi_arg = True
+
+    def parse(self, args: Sequence[str], d: Directive) -> tuple[tuple[str, int, int, int], ...]:
+        return self.parse_over(d.initial(), args, d)
+
+    def parse_over(self, old: Any, args: Sequence[str], d: Directive) -> tuple[tuple[str, int, int, int], ...]:
+        if len(args) == 1 and args[0] == "":
+            return ()
+        if len(args) == 1:  # one quoted argument ("a:* 100 10 5"), as the command line gives it
+            args = args[0].split(" ")
+        if len(args) % 4:
+            raise ValueError("Wrong number of arguments in tenant-quota: groups of <pattern> <max-pages> "
+                             "<max-leased-blocks> <max-leases>")
+        rules = {pattern: limits for pattern, *limits in old}
+        for j in range(0, len(args), 4):
+            pattern = args[j]
+            if not pattern:
+                raise ValueError("tenant-quota patterns must not be empty")
+            limits = []
+            for text in args[j + 1 : j + 4]:
+                if not (text.isascii() and text.isdigit() and len(text) <= 18):
+                    raise ValueError(f"tenant-quota limits must be integers >= 0, got '{text}'")
+                limits.append(int(text))
+            if any(limits):
+                rules[pattern] = limits
+            else:
+                rules.pop(pattern, None)
+        return tuple((pattern, *limits) for pattern, limits in rules.items())
+
+    def show(self, value: Sequence[Sequence[Any]]) -> str:
+        return " ".join(f"{pattern} {pages} {leased} {leases}" for pattern, pages, leased, leases in value)
+
+    def describe(self, d: Directive) -> str:
+        return ("groups of <namespace pattern> <max cached pages> <max leased blocks> <max leases> "
+                "(0: no limit on that one)")
+

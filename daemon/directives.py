@@ -26,6 +26,7 @@ from .config_kinds import (
     Int,
     Memory,
     OutputBufferLimits,
+    TenantQuotas,
     Save,
     String,
 )
@@ -194,6 +195,22 @@ DIRECTIVES: tuple[Directive, ...] = (
         doc="Milliseconds a lease (blocks pinned by PFXGET or PFXALLOC) lives unless released "
         "or renewed first; the TTL option of those commands overrides it. 0: leases live "
         "until released or their connection closes.",
+    ),
+    Directive(
+        name="client-lease-limit", kind=Int(), default=100000, minimum=0, maximum=INT_MAX,
+        doc="Most leases one connection may hold at once (a lease and its pins cost memory that "
+        "is not in the arena); past it PFXGET and PFXALLOC answer -ERR until some are released. "
+        "0: no limit.",
+    ),
+    Directive(
+        name="tenant-quota", kind=TenantQuotas(), default=(),
+        doc="Per-tenant limits, by namespace pattern (the same glob as the tenant's ACL key "
+        "pattern, e.g. \"tenant-a:* 100000 5000 1000\"): the cached pages, the blocks under "
+        "lease (PFXALLOC blocks plus the pages each lookup lease pins) and the leases that the "
+        "namespaces matching it may hold together; 0 is no limit. An insert past the page limit "
+        "evicts that tenant's own pages, never another's; a lease past a limit is refused with "
+        "-OOM. A namespace falls under the first matching pattern. CONFIG SET changes the "
+        "patterns it names (three zeros remove one; \"\" removes all).",
     ),
     Directive(
         name="evict-low-watermark", kind=Int(), default=5, minimum=0, maximum=90,

@@ -43,12 +43,15 @@ from typing import Any, NamedTuple
 
 import trio
 
+from pfxcache.protocol.redis_strings import stringmatchlen
+
 from .memory import MemoryAccount, MemoryFigures
 from .rwlock import RWLock
 from .store import PrefixStore
 from .store.arena import MemfdArena, MemoryArena, ShmArena
 from .store.cuda_arena import CudaArena
 from .store.errors import BadRequest
+from .store.quotas import QuotaBook
 from .store.results import AllocResult, EvictResult, InsertResult
 
 log = logging.getLogger("pfxcached")
@@ -107,6 +110,8 @@ class PrefixService:
             # Every lease owner here is a live connection whose worker may still touch its blocks
             # through the mapped arena: an expired lease is fenced, never recycled under it.
             fence_expired=True,
+            quotas=self._quota_book(config["tenant-quota"]),
+            max_leases_per_owner=config["client-lease-limit"],
         )
         self.locks = [RWLock() for _ in range(config["shards"])]
         self._keyspace_baseline: dict[str, int] = {}
@@ -123,11 +128,21 @@ class PrefixService:
         config.on_change("lfu-log-factor", lambda _old, new: setattr(keys, "log_factor", new))
         config.on_change("lfu-decay-time", lambda _old, new: setattr(keys, "decay_minutes", new))
         config.on_change("lease-ttl", lambda _old, new: setattr(self.store, "lease_ttl_ms", new))
+        config.on_change("tenant-quota", lambda _old, new: self.store.set_quotas(self._quota_book(new)))
+        config.on_change("client-lease-limit",
+                         lambda _old, new: setattr(self.store, "max_leases_per_owner", new))
 
     def _apply_policy(self, name: str) -> None:
         # noeviction keeps the policy in force for PFXEVICT and only stops evicting for space.
         self.store.evicting = name != "noeviction"
         self.store.set_policy(_store_policy(name, self.store.policy))
+
+    @staticmethod
+    def _quota_book(rules: Any) -> QuotaBook:
+        """The tenant-quota rules as the store takes them, matched with Redis's glob (as ACL key patterns are)."""
+        return QuotaBook(((pattern.encode("utf-8", "surrogateescape"), pages, leased, leases)
+                          for pattern, pages, leased, leases in rules),
+                         match=lambda pattern, name: stringmatchlen(pattern, name))
 
     def close(self) -> None:
         """Release the arena (the shared-memory file is unlinked)."""
@@ -204,7 +219,7 @@ class PrefixService:
             # lease expiry must not free (and reuse) blocks under the copy. The lease the
             # caller asked for gets its TTL once the copy is done.
             result = self.store.match(namespace, tokens, lease=lease or with_data,
-                                      ttl_ms=0 if with_data else ttl_ms, owner=owner)
+                                      ttl_ms=0 if with_data else ttl_ms, owner=owner, transient=not lease)
         data = None
         if with_data:
             try:

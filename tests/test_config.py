@@ -192,6 +192,8 @@ EXPECTED_DEFAULTS = {
     "block-bytes": 16384,
     "shards": 16,
     "lease-ttl": 30000,
+    "client-lease-limit": 100000,
+    "tenant-quota": [],
     "evict-low-watermark": 5,
     "prompt-max-tokens": 1 << 20,
     "arena": "shm",

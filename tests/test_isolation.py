@@ -234,3 +234,82 @@ def test_a_second_signal_during_a_graceful_shutdown_never_skips_the_cleanup(tmp_
         hog.close()
     assert not pidfile.exists() and not os.path.exists(path.decode())
     assert logged in daemon.log_text() and "bye bye" in daemon.log_text()
+
+
+# -- item 5: per-tenant quotas and per-connection lease limits ---------------------------------------
+
+QUOTA_ACL = ("user tenant-a on >pa ~a:* +@pfx -@admin\n"
+             "user tenant-b on >pb ~b:* +@pfx -@admin\n")
+
+
+def test_a_hog_tenant_is_held_to_its_quota_and_the_others_keep_their_cache(fresh_daemon, tmp_path):
+    aclfile = tmp_path / "users.acl"
+    aclfile.write_text(QUOTA_ACL)
+    daemon = fresh_daemon("--page-size", str(PS), "--block-bytes", str(BB), "--maxmemory", str(64 * BB),
+                          "--evict-low-watermark", "0", "--aclfile", str(aclfile),
+                          "--tenant-quota", "a:* 8 6 3")
+    a = redis.Redis(host=daemon.host, port=daemon.port, protocol=3, username="tenant-a", password="pa")
+    b = redis.Redis(host=daemon.host, port=daemon.port, protocol=3, username="tenant-b", password="pb")
+    admin = redis.Redis(host=daemon.host, port=daemon.port, protocol=3)
+    assert admin.config_get("tenant-quota") == {"tenant-quota": "a:* 8 6 3"}
+    # The week-long hog of the issue: refused, nothing taken.
+    try:
+        a.execute_command("PFXALLOC", "a:hog", 60, "TTL", 604800000)
+        raise AssertionError("the hog got its blocks")
+    except redis.ResponseError as exc:
+        assert "quota" in str(exc)
+    assert admin.execute_command("PFXINFO")[b"arena"][b"blocks-free"] == 64
+    held = a.execute_command("PFXALLOC", "a:hog", 6)[b"lease"]
+    try:
+        a.execute_command("PFXALLOC", "a:hog", 1)
+        raise AssertionError("past the leased-blocks quota")
+    except redis.ResponseError as exc:
+        assert "quota" in str(exc)
+    # B caches 30 pages; A caches 20, more than its 8: A's own pages go, never B's.
+    for i in range(30):
+        b.execute_command("PFXSET", f"b:{i}", "TOKENS", i, 1, 2, 3, "DATA", b"b" * BB)
+    assert a.execute_command("PFXRELEASE", held) == 1
+    for i in range(20):
+        a.execute_command("PFXSET", f"a:{i % 5}", "TOKENS", i, 1, 2, 3, "DATA", b"a" * BB)
+    assert sum(a.execute_command("PFXINFO", f"a:{i}")[b"stats"][b"pages"] for i in range(5)) <= 8
+    for i in range(30):
+        reply = b.execute_command("PFXGET", f"b:{i}", "TOKENS", i, 1, 2, 3, "NOLEASE", "WITHDATA")
+        assert reply[b"data"] == b"b" * BB, i
+    # Leases: three at most; B is not affected.
+    a.execute_command("PFXSET", "a:l", "TOKENS", 7, 7, 7, 7, "DATA", b"l" * BB)
+    leases = [a.execute_command("PFXGET", "a:l", "TOKENS", 7, 7, 7, 7)[b"lease"] for _ in range(3)]
+    try:
+        a.execute_command("PFXGET", "a:l", "TOKENS", 7, 7, 7, 7)
+        raise AssertionError("past the lease quota")
+    except redis.ResponseError as exc:
+        assert "quota" in str(exc)
+    assert all(b.execute_command("PFXGET", "b:1", "TOKENS", 1, 1, 2, 3)[b"lease"] for _ in range(5))
+    assert a.execute_command("PFXRELEASE", *leases) == 3
+    # Quotas change at runtime, like any directive.
+    assert admin.config_set("tenant-quota", "a:* 8 60 3")
+    assert a.execute_command("PFXALLOC", "a:hog", 40)[b"lease"]
+    assert admin.execute_command("PFXCHECK") == b"OK"
+    for client in (a, b, admin):
+        client.close()
+
+
+def test_a_connection_holds_at_most_lease_max_per_client_leases(fresh_daemon):
+    daemon = fresh_daemon("--page-size", str(PS), "--block-bytes", str(BB), "--maxmemory", str(64 * BB),
+                          "--client-lease-limit", "3")
+    one = redis.Redis(host=daemon.host, port=daemon.port, protocol=3, single_connection_client=True)
+    other = redis.Redis(host=daemon.host, port=daemon.port, protocol=3, single_connection_client=True)
+    one.execute_command("PFXSET", "l", "TOKENS", 1, 2, 3, 4, "DATA", b"l" * BB)
+    leases = [one.execute_command("PFXGET", "l", "TOKENS", 1, 2, 3, 4)[b"lease"] for _ in range(2)]
+    leases.append(one.execute_command("PFXALLOC", "l", 1)[b"lease"])
+    for command in (("PFXGET", "l", "TOKENS", 1, 2, 3, 4), ("PFXALLOC", "l", 1)):
+        try:
+            one.execute_command(*command)
+            raise AssertionError("a fourth lease")
+        except redis.ResponseError as exc:
+            assert "client-lease-limit" in str(exc)
+    assert one.execute_command("PFXGET", "l", "TOKENS", 1, 2, 3, 4, "NOLEASE")[b"matched"] == 4
+    assert other.execute_command("PFXGET", "l", "TOKENS", 1, 2, 3, 4)[b"lease"]
+    assert one.execute_command("PFXRELEASE", leases[0]) == 1
+    assert one.execute_command("PFXGET", "l", "TOKENS", 1, 2, 3, 4)[b"lease"]
+    one.close()
+    other.close()

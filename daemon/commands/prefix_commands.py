@@ -142,8 +142,11 @@ async def pfxget(ctx: Context, argv: list[bytes]) -> Any:
                 raise ArgumentError(f"ERR unknown option '{_show(argv[position])}' for 'pfxget'")
     except ArgumentError as exc:
         return Error(str(exc))
-    found = await _service(ctx).lookup(namespace, tokens, owner=ctx.client.id, lease=lease, ttl_ms=ttl_ms,
-                                       with_data=with_data)
+    try:
+        found = await _service(ctx).lookup(namespace, tokens, owner=ctx.client.id, lease=lease, ttl_ms=ttl_ms,
+                                           with_data=with_data)
+    except StoreError as exc:  # a lease past client-lease-limit or the tenant's quota
+        return _store_error(exc)
     reply = {"matched": found.matched_tokens, "lease": found.lease_id, "blocks": _ids(found.blocks)}
     if with_data:
         reply["data"] = found.data

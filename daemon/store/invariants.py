@@ -96,6 +96,16 @@ def check_store(store) -> list[str]:
         total = sum(getattr(rec, field) for rec in (*store._ns.values(), store._retired))
         if total != getattr(store, field):
             problems.append(f"namespace {field} add up to {total}, global counter says {getattr(store, field)}")
+    for quota in store.quotas.quotas:
+        group = [rec for rec in store._ns.values() if rec.quota is quota]
+        names = {rec.name for rec in group}
+        pages = sum(rec.pages for rec in group) + sum(len(plan.new_blocks) for plan in store._plans.values()
+                                                       if plan.ns in names)
+        leases = [lease for lease in store._leases if lease.scope in names]
+        counted = (pages, len(leases), sum(len(lease.blocks) for lease in leases))
+        if counted != (quota.pages, quota.leases, quota.leased):
+            problems.append(f"quota {quota.pattern!r} counts pages/leases/leased "
+                            f"{(quota.pages, quota.leases, quota.leased)}, holds {counted}")
     if sum(store.evictions_by_cause.values()) != store.evictions:
         problems.append(f"evictions by cause {store.evictions_by_cause} do not add up to {store.evictions}")
     problems += store._index.check(candidates)

@@ -156,6 +156,11 @@ class LeaseTable:
             ids = itertools.islice(ids, limit)
         return [self._leases[i] for i in ids]
 
+    def count_of(self, owner: int) -> int:
+        """How many leases ``owner`` holds, fenced ones included. O(1)."""
+        owned = self._by_owner.get(owner)
+        return len(owned) if owned else 0
+
     def owns(self, owner: int) -> bool:
         """Whether ``owner`` holds any lease, fenced or not."""
         return owner in self._by_owner

@@ -12,7 +12,7 @@ class Namespace:
     """Per-namespace trees and counters."""
 
     __slots__ = ("access", "deleted", "evictions", "expires_at", "hits", "inserts", "leases", "misses", "name",
-                 "stored", "trees")
+                 "quota", "stored", "trees")
 
     def __init__(self, name: bytes) -> None:
         self.name = name
@@ -26,6 +26,7 @@ class Namespace:
         self.access = None  # keyspace.Access: last use and LFU counter, from the first access on
         self.expires_at: int | None = None  # Unix ms when the whole namespace expires (EXPIRE)
         self.deleted = False  # DEL'd while pinned: a tombstone waiting for its leases (keyspace.py)
+        self.quota = None  # quotas.Quota of the tenant rule it falls under, or None
 
     @property
     def pages(self) -> int:

@@ -36,11 +36,12 @@ from .namespaces import Namespace
 from .policies import EvictionIndex
 from .radix import Node, RadixTree, Totals
 from .registry import POLICIES
+from .quotas import QuotaBook
 from .results import AllocResult, EvictResult, InsertResult, MatchResult
 
 # Why pages were evicted: room for an insert or allocation, the background low-watermark task,
 # a command (PFXEVICT, DEL), FLUSHALL/FLUSHDB.
-EVICTION_CAUSES = ("pressure", "watermark", "command", "flush")
+EVICTION_CAUSES = ("pressure", "watermark", "command", "flush", "quota")
 
 
 class PrefixStore(StoreFigures):
@@ -48,7 +49,8 @@ class PrefixStore(StoreFigures):
 
     def __init__(self, arena, *, page_size: int = 16, shards: int = 16, policy: str = "guard",
                  lease_ttl_ms: int = 30000, clock=time.monotonic, max_alloc: int | None = None,
-                 fence_expired: bool = False) -> None:
+                 fence_expired: bool = False, quotas: QuotaBook | None = None,
+                 max_leases_per_owner: int = 0) -> None:
         if not isinstance(page_size, int) or page_size < 1:
             raise BadRequest("page_size must be a positive integer")
         if not isinstance(shards, int) or shards < 1:
@@ -68,6 +70,8 @@ class PrefixStore(StoreFigures):
         # True in the daemon, where every owner is a live connection whose worker may still touch
         # its blocks: expiry fences leases instead of ending them (see leases.py).
         self.fence_expired = fence_expired
+        self.quotas = quotas or QuotaBook()  # per-tenant limits (quotas.py); none by default
+        self.max_leases_per_owner = max_leases_per_owner  # 0: no limit (client-lease-limit)
         self._clock = clock
         self._alloc = BlockAllocator(arena.nblocks)
         self._index = EvictionIndex(POLICIES[policy], capacity=arena.nblocks, page_bytes=self.page_bytes)
@@ -149,6 +153,8 @@ class PrefixStore(StoreFigures):
             rec = None  # it expired just now
         if rec is None:
             rec = self._ns[name] = Namespace(name)
+            if self.quotas:
+                rec.quota = self.quotas.of(name)
             self.namespace_epoch += 1
         return rec
 
@@ -203,6 +209,8 @@ class PrefixStore(StoreFigures):
                 self.touched(tree.scope)
             rec = self._ns[tree.scope]
             rec.evictions += k
+            if rec.quota is not None:
+                rec.quota.pages -= k
             evicted += k
             if not tree.pages:
                 self._retire_if_empty(rec)
@@ -218,7 +226,10 @@ class PrefixStore(StoreFigures):
         self._alloc.release(freed)
         if freed and self.touched is not None:
             self.touched(tree.scope)
-        self._ns[tree.scope].evictions += len(freed)
+        rec = self._ns[tree.scope]
+        rec.evictions += len(freed)
+        if rec.quota is not None:
+            rec.quota.pages -= len(freed)
         self.evictions += len(freed)
         self.evictions_by_cause[cause] += len(freed)
         return len(freed), pinned
@@ -228,12 +239,15 @@ class PrefixStore(StoreFigures):
 
     # -- reads ----------------------------------------------------------------------------------
 
-    def match(self, ns, tokens, *, lease: bool = True, ttl_ms: int | None = None, owner: int = 0) -> MatchResult:
+    def match(self, ns, tokens, *, lease: bool = True, ttl_ms: int | None = None, owner: int = 0,
+              transient: bool = False) -> MatchResult:
         """Longest cached whole-page prefix of ``tokens`` in ``ns``.
 
         Counts hits/misses in tokens, touches the matched path (time and
         frequency), and with ``lease`` pins it under a READ lease of ``owner``.
         Cost: O(len(tokens)) bytes compared at C speed, O(path nodes) Python steps.
+        ``transient``: the lease only pins the pages while the daemon copies them out (a
+        WITHDATA NOLEASE lookup): it is not held to client-lease-limit or the quotas.
         """
         name = namespace_name(ns)
         tokens = packed_tokens(tokens)
@@ -251,6 +265,8 @@ class PrefixStore(StoreFigures):
         tree = rec.trees.get(self._shard(name, tokens)) if npages else None
         if tree is not None:
             node, pages = tree.locate(tokens, npages)  # split so a pin covers exactly the match
+            if pages and lease and not transient:
+                self._may_lease(owner, rec.quota, pages)  # refused: nothing but the split changed
             if pages:
                 self._totals.ticks += 1
                 if lease:
@@ -262,6 +278,9 @@ class PrefixStore(StoreFigures):
                 if lease:
                     lease_id = self._leases.new(owner, READ, name, deadline, node, list(blocks)).id
                     rec.leases += 1
+                    if rec.quota is not None:
+                        rec.quota.leases += 1
+                        rec.quota.leased += len(blocks)
         if npages:
             self._index.looked_up(name, tokens, npages, pages)
         matched = pages * self.page_size
@@ -337,6 +356,15 @@ class PrefixStore(StoreFigures):
             raise NoPrefix(f"the first {off * self.page_size} tokens (the offset) are not cached: "
                            f"only {cached * self.page_size} are")
         new = npages - cached
+        quota = rec.quota if rec is not None else (self.quotas.of(name) if self.quotas else None)
+        if quota is not None and quota.pages_over(new):
+            self._make_room_in_quota(quota, name, new)  # the tenant's own pages go, or OutOfMemory
+            if tree is not None:  # the evictions may have cut the walk short: walk again
+                node, pages, child, extra = tree.walk(tokens, npages)
+                if pages + extra < off:
+                    raise NoPrefix(f"the first {off * self.page_size} tokens (the offset) are not cached")
+                cached = pages + extra
+                new = npages - cached
         if given is None and new:
             cost = self._pin_cost(node, child, extra) if node is not None else 0
             if not self._fits(new, cost) and self.expire():
@@ -361,10 +389,13 @@ class PrefixStore(StoreFigures):
             for b, lease in given:
                 del lease.blocks[b]
                 del self._leased_by[b]
+                self._leased_changed(lease, -1)
             ids = [b for b, _ in given]
             plan.sources = [lease.id for _, lease in given]
             plan.dup_blocks = ids[: cached - off]
             plan.new_blocks = ids[cached - off :]
+        if quota is not None:
+            quota.pages += len(plan.new_blocks)  # reserved now, settled at commit or abort
         return plan
 
     def commit_insert(self, plan: InsertPlan) -> InsertResult:
@@ -407,6 +438,8 @@ class PrefixStore(StoreFigures):
         rec = self._ns[plan.ns]
         rec.inserts += 1
         rec.stored += stored
+        if rec.quota is not None:
+            rec.quota.pages -= len(plan.new_blocks) - stored  # the reservation, less what was stored
         if stored and self.touched is not None:
             self.touched(plan.ns)
         self.inserts += 1
@@ -426,6 +459,9 @@ class PrefixStore(StoreFigures):
             return
         del self._plans[plan.id]
         plan.done = True
+        rec = self._ns.get(plan.ns)
+        if rec is not None and rec.quota is not None:
+            rec.quota.pages -= len(plan.new_blocks)
         if plan.sources is None:
             self._alloc.release(plan.new_blocks)
         else:
@@ -437,6 +473,7 @@ class PrefixStore(StoreFigures):
                 else:
                     lease.blocks[b] = None
                     self._leased_by[b] = lease_id
+                    self._leased_changed(lease, 1)
             self._alloc.release(orphans)
         plan.tree.unpin(plan.node)
         rec = self._ns.get(plan.ns)
@@ -473,6 +510,9 @@ class PrefixStore(StoreFigures):
         n = integer(n, "the block count", 1, self.max_alloc)
         owner = integer(owner, "the owner", 0)
         deadline = self._deadline(ttl_ms)
+        rec = self._ns.get(name)
+        quota = rec.quota if rec is not None else (self.quotas.of(name) if self.quotas else None)
+        self._may_lease(owner, quota, n)
         if not self._fits(n):
             self.expire()
             if not self._fits(n):
@@ -485,14 +525,67 @@ class PrefixStore(StoreFigures):
         for b in blocks:
             self._leased_by[b] = lease.id
         rec.leases += 1
+        if rec.quota is not None:
+            rec.quota.leases += 1
+            rec.quota.leased += n
         return AllocResult(lease.id, blocks)
 
     # -- leases ---------------------------------------------------------------------------------
+
+    def set_quotas(self, quotas: QuotaBook) -> None:
+        """Put new tenant rules in force (CONFIG SET tenant-quota): every namespace is matched again
+        and the counters recounted from what is held now. O(namespaces + leases). What a tenant
+        already holds past a lowered limit stays; its next insert or lease is held to the limit."""
+        self.quotas = quotas
+        for rec in self._ns.values():
+            rec.quota = quotas.of(rec.name) if quotas else None
+            if rec.quota is not None:
+                rec.quota.pages += rec.pages
+        for plan in self._plans.values():
+            rec = self._ns.get(plan.ns)
+            if rec is not None and rec.quota is not None:
+                rec.quota.pages += len(plan.new_blocks)
+        for lease in self._leases:
+            quota = self._ns[lease.scope].quota
+            if quota is not None:
+                quota.leases += 1
+                quota.leased += len(lease.blocks)
+
+    def _may_lease(self, owner: int, quota, blocks: int) -> None:
+        """Refuse one more lease of ``blocks`` blocks for ``owner``: past client-lease-limit
+        (BadRequest) or the tenant's quota (OutOfMemory). O(1)."""
+        limit = self.max_leases_per_owner
+        if limit and self._leases.count_of(owner) >= limit:
+            raise BadRequest(f"this connection holds {limit} leases, its limit (client-lease-limit): "
+                             f"release some first")
+        if quota is not None:
+            quota.check_lease(blocks)
+
+    def _leased_changed(self, lease: Lease, blocks: int) -> None:
+        quota = self._ns[lease.scope].quota
+        if quota is not None:
+            quota.leased += blocks
+
+    def _make_room_in_quota(self, quota, name: bytes, new: int) -> None:
+        """Evict the group's own pages (``name``'s first, by policy) until ``new`` more fit its
+        max_pages; OutOfMemory, with nothing changed, when its evictable pages cannot make it."""
+        over = quota.pages_over(new)
+        group = [rec for rec in self._ns.values() if rec.quota is quota]
+        evictable = sum(rec.pages - rec.pinned for rec in group)
+        if evictable < over:
+            raise quota.refuse_pages(new)
+        for rec in sorted(group, key=lambda r: r.name != name):
+            if over <= 0:
+                break
+            over -= self._evict(over, rec.name, "quota")
 
     def _end(self, lease: Lease) -> None:
         self._leases.remove(lease)
         rec = self._ns[lease.scope]
         rec.leases -= 1
+        if rec.quota is not None:
+            rec.quota.leases -= 1
+            rec.quota.leased -= len(lease.blocks)
         if lease.kind == READ:
             lease.node.tree.unpin(lease.node)
         else:
