@@ -313,3 +313,15 @@ def test_a_connection_holds_at_most_lease_max_per_client_leases(fresh_daemon):
     assert one.execute_command("PFXGET", "l", "TOKENS", 1, 2, 3, 4)[b"lease"]
     one.close()
     other.close()
+
+
+def test_closing_a_connection_releases_its_leases_in_slices():
+    # The daemon releases a closed connection's leases RELEASE_SLICE at a time, serving others between.
+    from pfxcache.daemon.store import MemoryArena, PrefixStore
+
+    store = PrefixStore(MemoryArena(8, 64), page_size=1)
+    store.insert(b"ns", np.arange(1, 5, dtype="<u4").tobytes(), data=b"x" * 32)
+    for _ in range(25):
+        store.match(b"ns", np.arange(1, 5, dtype="<u4").tobytes(), owner=7)
+    assert [store.release_owner(7, 10) for _ in range(4)] == [10, 10, 5, 0]
+    assert store.stats()["leases"] == 0 and store.check() == []
