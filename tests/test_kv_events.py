@@ -201,8 +201,10 @@ def test_namespace_labels_are_one_to_one():
 
 
 def test_store_events_on_pubsub_channels():
+    # Both sinks at once: the ZMQ publisher and the channels hear the same events.
     d = start_daemon("--arena", "memory", "--maxmemory", str(16 * BLOCK_BYTES), "--block-bytes",
-                     str(BLOCK_BYTES), "--page-size", str(PAGE), "--kv-events-pubsub", "yes")
+                     str(BLOCK_BYTES), "--page-size", str(PAGE), "--kv-events-pubsub", "yes",
+                     "--kv-events-endpoint", endpoint())
     try:
         r = redis.Redis(*d.address)
         sub = redis.Redis(*d.address).pubsub()
@@ -221,6 +223,8 @@ def test_store_events_on_pubsub_channels():
             b"stored - " + b" ".join(hashes), b"removed " + b" ".join(hashes[::-1]),
             b"stored - " + hashes[0], b"cleared"]
         assert sub.get_message(timeout=0.5) is None
+        # stored a, stored other, removed a, stored a, cleared: 5 events on the ZMQ side too.
+        wait_for(lambda: r.info("kvevents")["kv_events_published"] == 5, 10, "the ZMQ side")
         r.config_set("kv-events-pubsub", "no")
         pfxset(r, "tenant-a", ids)
         assert sub.get_message(timeout=0.5) is None
