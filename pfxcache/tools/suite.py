@@ -113,6 +113,7 @@ def plot(runs: list[dict], policies: list[str], path, title: str) -> object:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         print("matplotlib is missing (pip install matplotlib): no plot", file=sys.stderr)
         return None
@@ -128,6 +129,7 @@ def plot(runs: list[dict], policies: list[str], path, title: str) -> object:
             ax.plot(caps, ys, label=name, **style)
         ax.axhline(0.99, color="red", linewidth=0.6)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_title(f"{run['workload']} ({'tuning' if run['workload'] in workloads.TUNING else 'held out'})",
                      fontsize=9)
         ax.set_xlabel("capacity (pages)", fontsize=8)
