@@ -122,20 +122,11 @@ class _NoGC:
 
 
 def _per_call(fn, items: list, min_time: float) -> float:
-    """Seconds per fn(item), cycling over items for at least min_time."""
+    """Seconds per fn(item), cycling over items for at least min_time (CPU time, GC off)."""
+    from pfxcache.tools.bench_store import timed_loop  # the store benchmark's loop: ops/s in CPU time
+
     with _NoGC():
-        return _per_call_timed(fn, items, min_time)
-
-
-def _per_call_timed(fn, items: list, min_time: float) -> float:
-    done, elapsed = 0, 0.0
-    while elapsed < min_time:
-        start = time.process_time()
-        for item in items:
-            fn(item)
-        elapsed += time.process_time() - start
-        done += len(items)
-    return elapsed / done
+        return 1.0 / timed_loop(fn, items, min_time)
 
 
 def compare(sglang: Any, *, page_size: int, tokens: int, prompt_tokens: int, new_pages: int, repeat: int,
