@@ -97,6 +97,17 @@ def paged_kv_views(kv: torch.Tensor, block_size: int, heads: int, head_dim: int,
     raise ValueError(f"unknown paged KV layout {shape} (block_size {n}, {h} kv heads, head_dim {d})")
 
 
+def _contiguous_run(view: torch.Tensor) -> int:
+    """Elements of one block that lie contiguously in memory in the view's own order (from the last dim)."""
+    run, expected = 1, 1
+    for dim in range(view.dim() - 1, 0, -1):
+        if view.stride(dim) != expected and view.size(dim) != 1:
+            break
+        run *= view.size(dim)
+        expected *= view.size(dim)
+    return run
+
+
 def _runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
     """(src start, dst start, length) for the runs where both id lists go up by one together."""
     runs: list[tuple[int, int, int]] = []
@@ -151,6 +162,7 @@ class WorkerHalf:
         self._resp: Any = None
         self._resp_url = ""
         self._failed_blocks: set[int] = set()
+        self._buffers: dict[Any, torch.Tensor] = {}
         self._report = WorkerReport()
         self._warn = _Once()
 
@@ -219,36 +231,88 @@ class WorkerHalf:
         values = pages[:, layer, 1, self._heads].view(count, self.local_heads, *values_view.shape[2:])
         return keys, values
 
+    def _scratch(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """A contiguous tensor of ``shape`` over a buffer kept between copies (no allocation per step)."""
+        numel = 1
+        for size in shape:
+            numel *= size
+        buffer = self._buffers.get(like.device)
+        if buffer is None or buffer.numel() < numel:
+            buffer = torch.empty(numel, dtype=like.dtype, device=like.device)
+            self._buffers[like.device] = buffer
+        return buffer[:numel].view(shape)
+
+    def _copy_kind(self, vllm_view: torch.Tensor, page_view: torch.Tensor, runs: list[tuple[int, int, int]],
+                   index: tuple[torch.Tensor, torch.Tensor] | None, to_vllm: bool) -> None:
+        """One layer's keys (or values): pages <-> vLLM blocks, by slices of runs or by index.
+
+        When vLLM's kernel keeps the block's elements in another order than
+        the page (transposed or interleaved keys), a strided copy between two
+        strided views is very slow (~1 GB/s on CPU); a copy that transposes
+        into a contiguous buffer, then a plain one, is ~10x faster. So such
+        copies go through a scratch buffer: the transposition always writes
+        contiguous memory, the other copy keeps whole contiguous runs.
+        """
+        direct = _contiguous_run(vllm_view) * vllm_view.element_size() >= 256
+        order = [0, *sorted(range(1, vllm_view.dim()), key=lambda d: -vllm_view.stride(d))]
+        physical = vllm_view.permute(order)            # vLLM's memory order: contiguous per block
+        back = [order.index(d) for d in range(vllm_view.dim())]
+        if index is not None:
+            page_index, vllm_index = index
+            if to_vllm:
+                pages = page_view.index_select(0, page_index).to(vllm_view.device)
+                vllm_view.index_copy_(0, vllm_index, pages) if direct else \
+                    physical.index_copy_(0, vllm_index, pages.permute(order).contiguous())
+            else:
+                blocks = vllm_view.index_select(0, vllm_index) if direct else \
+                    physical.index_select(0, vllm_index).permute(back).contiguous()
+                page_view.index_copy_(0, page_index, blocks.to(page_view.device))
+            return
+        for src, dst, length in runs:
+            pages, blocks = page_view[src:src + length], vllm_view[dst:dst + length]
+            if direct:
+                (blocks.copy_(pages) if to_vllm else pages.copy_(blocks))
+            elif to_vllm:
+                scratch = self._scratch((length, *physical.shape[1:]), pages)
+                scratch.copy_(pages.permute(order))          # transpose into contiguous memory
+                physical[dst:dst + length].copy_(scratch)    # then whole runs
+            else:
+                scratch = self._scratch((length, *blocks.shape[1:]), pages)
+                scratch.copy_(blocks)                        # transpose into contiguous memory
+                pages.copy_(scratch)
+
     def _copy(self, pages: torch.Tensor, page_ids: list[int], vllm_ids: list[int], to_vllm: bool) -> int:
         """Between pages[page_ids] (this worker's heads) and vLLM's blocks vllm_ids, every layer; returns bytes.
 
-        Runs of ids consecutive on both sides are strided slice copies; many
-        short runs are one gather and one scatter per layer and kind.
+        Runs of ids consecutive on both sides are slice copies; many short
+        runs are one gather and one scatter per layer and kind.
         """
         runs = _runs(page_ids, vllm_ids)
-        few = len(runs) * 4 <= len(page_ids) or len(runs) <= 2
-        if not few:
-            page_index = torch.tensor(page_ids, device=pages.device)
-            vllm_index = torch.tensor(vllm_ids, device=self._layers[0][0].device)
+        index = None
+        if not (len(runs) * 4 <= len(page_ids) or len(runs) <= 2):
+            index = (torch.tensor(page_ids, device=pages.device),
+                     torch.tensor(vllm_ids, device=self._layers[0][0].device))
         for layer, vllm_views in enumerate(self._layers):
             for vllm_view, page_view in zip(vllm_views, self._page_views(pages, layer)):
-                if few:
-                    for src, dst, length in runs:
-                        if to_vllm:
-                            vllm_view[dst:dst + length].copy_(page_view[src:src + length])
-                        else:
-                            page_view[src:src + length].copy_(vllm_view[dst:dst + length])
-                elif to_vllm:
-                    vllm_view.index_copy_(0, vllm_index, page_view.index_select(0, page_index).to(vllm_view.device))
-                else:
-                    page_view.index_copy_(0, page_index, vllm_view.index_select(0, vllm_index).to(page_view.device))
+                self._copy_kind(vllm_view, page_view, runs, index, to_vllm)
         return len(page_ids) * self.geometry.block_bytes // self.tp_size
 
     def _to_vllm(self, pages: torch.Tensor, page_ids: list[int], vllm_ids: list[int]) -> int:
-        return self._copy(pages, page_ids, vllm_ids, to_vllm=True)
+        moved = self._copy(pages, page_ids, vllm_ids, to_vllm=True)
+        self._sync(pages)
+        return moved
 
     def _from_vllm(self, vllm_ids: list[int], pages: torch.Tensor, page_ids: list[int]) -> int:
-        return self._copy(pages, page_ids, vllm_ids, to_vllm=False)
+        moved = self._copy(pages, page_ids, vllm_ids, to_vllm=False)
+        self._sync(pages)
+        return moved
+
+    def _sync(self, pages: torch.Tensor) -> None:
+        """On a GPU the copies are queued: wait for them, so that a lease is checked after the copy really
+        ended and stored blocks are complete before the scheduler commits them for other processes."""
+        for tensor in (pages, self._layers[0][0] if self._layers else pages):
+            if tensor.is_cuda:
+                torch.cuda.current_stream(tensor.device).synchronize()
 
     # -- RESP --------------------------------------------------------------------------------------
 

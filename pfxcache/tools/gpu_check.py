@@ -7,6 +7,7 @@ redis-py is missing, or when no CUDA device is visible.
     scripts/gpu-check                     # 256 MiB of 256 KiB blocks on device 0
     scripts/gpu-check --json              # the figures as one JSON object
     scripts/gpu-check --mib 64 --device 1
+    scripts/gpu-check --vllm              # then vLLM's CUDA build through the CUDA arena (gpu_check_vllm.py)
 
 What it does:
 
@@ -256,6 +257,11 @@ def check(args: argparse.Namespace) -> int:
     for worker_report in (writer, reader):
         worker_report.pop("blocks", None)
     report.update(writer=writer, reader=reader, ok=all(checks.values()))
+    if args.vllm:
+        from pfxcache.tools.gpu_check_vllm import vllm_step
+
+        report["vllm"] = vllm_step(args.device, quiet)
+        report["ok"] = report["ok"] and report["vllm"].get("ok", False)
 
     if args.json:
         print(json.dumps(report, indent=2))
@@ -269,8 +275,10 @@ def check(args: argparse.Namespace) -> int:
         print(f"read_into, blocks in order    {reader['read_into_gbs']:8.1f} GB/s  ratio {reader['ratio']:.2f}")
         print(f"read_into, blocks shuffled    {reader['read_into_shuffled_gbs']:8.1f} GB/s  "
               f"ratio {reader['ratio_shuffled']:.2f}")
-        for name_, passed in checks.items():
+        for name_, passed in {**checks, **{f"vllm {k}": v for k, v in report.get("vllm", {}).get("checks", {}).items()}}.items():
             print(f"{'ok  ' if passed else 'FAIL'} {name_}")
+        if "skipped" in report.get("vllm", {}):
+            print(f"FAIL vllm: {report['vllm']['skipped']}")
         print("PASS" if report["ok"] else "FAIL")
     return 0 if report["ok"] else 1
 
@@ -282,6 +290,8 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=256, help="MiB of blocks exchanged and timed (default 256)")
     parser.add_argument("--block-kib", type=int, default=256, help="block size in KiB (default 256)")
     parser.add_argument("--repeat", type=int, default=50, help="timed copies per figure (default 50)")
+    parser.add_argument("--vllm", action="store_true", help="also run vLLM (CUDA build) with the connector "
+                        "through the CUDA arena: three engines, minutes")
     parser.add_argument("--worker", choices=("write", "read"), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--pages", type=int, help=argparse.SUPPRESS)
@@ -293,7 +303,7 @@ def main() -> int:
         raise TimeoutError("gave up after 280 s")
 
     signal.signal(signal.SIGALRM, too_long)  # raised where it hangs: the daemon is still stopped
-    signal.alarm(280)
+    signal.alarm(1500 if args.vllm else 280)
     try:
         return check(args)
     except Exception as exc:  # a failed start or worker: say why, exit 1

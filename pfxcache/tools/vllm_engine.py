@@ -69,6 +69,7 @@ def _serve(args: argparse.Namespace) -> None:
         kwargs["kv_transfer_config"] = KVTransferConfig(**CONNECTOR, kv_role=args.role,
                                                         kv_connector_extra_config=extra)
     started = time.perf_counter()
+    kwargs.update(json.loads(args.engine_args or "{}"))
     llm = LLM(model=args.model, skip_tokenizer_init=True, enforce_eager=True, dtype=args.dtype, seed=0,
               block_size=args.block_size, max_model_len=args.max_model_len,
               enable_prefix_caching=args.prefix_caching, max_num_seqs=args.max_num_seqs, **kwargs)
@@ -108,10 +109,10 @@ class EngineProcess:
     def __init__(self, model: str, *, url: str | None = None, prefix_caching: bool = False,
                  extra: dict | None = None, role: str = "kv_both", dtype: str = "bfloat16",
                  block_size: int = BLOCK_SIZE, max_model_len: int = 2048, max_num_seqs: int = 8,
-                 env: dict | None = None) -> None:
+                 engine_args: dict | None = None, env: dict | None = None) -> None:
         command = [sys.executable, "-m", "pfxcache.tools.vllm_engine", "--model", model, "--dtype", dtype,
                    "--block-size", str(block_size), "--max-model-len", str(max_model_len),
-                   "--max-num-seqs", str(max_num_seqs), "--role", role]
+                   "--max-num-seqs", str(max_num_seqs), "--role", role, "--engine-args", json.dumps(engine_args or {})]
         if url:
             command += ["--url", url, "--extra", json.dumps(extra or {})]
         if prefix_caching:
@@ -152,12 +153,14 @@ class EngineProcess:
             raise RuntimeError("the vLLM engine did not start:\n" + self.log_text())
         return self
 
-    def generate(self, prompts: list[list[int]], *, max_tokens: int = 8, salts: list | None = None,
-                 timeout: float = 600.0) -> dict:
-        """Generate greedily for ``prompts`` (one batch); the reply's ``outputs`` follow the prompts' order."""
+    def submit(self, prompts: list[list[int]], *, max_tokens: int = 8, salts: list | None = None) -> None:
+        """Send one batch without waiting for it (:meth:`result` collects the reply)."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"prompts": prompts, "max_tokens": max_tokens, "salts": salts}) + "\n")
         self.proc.stdin.flush()
+
+    def result(self, timeout: float = 600.0) -> dict:
+        """The reply to the oldest batch submitted and not collected yet."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while not self._lines:
@@ -166,6 +169,12 @@ class EngineProcess:
                     raise RuntimeError("the vLLM engine did not answer:\n" + self.log_text())
                 self._cond.wait(min(left, 1.0))
             return json.loads(self._lines.popleft())
+
+    def generate(self, prompts: list[list[int]], *, max_tokens: int = 8, salts: list | None = None,
+                 timeout: float = 600.0) -> dict:
+        """Generate greedily for ``prompts`` (one batch); the reply's ``outputs`` follow the prompts' order."""
+        self.submit(prompts, max_tokens=max_tokens, salts=salts)
+        return self.result(timeout)
 
     def stop(self, timeout: float = 60.0) -> None:
         if self.proc.poll() is None:
@@ -194,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--prefix-caching", action="store_true", help="vLLM's own prefix cache (off by default)")
+    parser.add_argument("--engine-args", default=None, help="more vllm.LLM keyword arguments, as JSON")
     _serve(parser.parse_args(argv))
 
 
