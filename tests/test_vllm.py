@@ -21,11 +21,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import redis
-
-from vllm_support import PAGE, check, daemon_for, info, start_engines, tiny_model, url_of, usable_tokens
-
 from pfxcache.client.vllm import base_namespace, request_namespace
 from support import wait_for
+from vllm_support import (
+    PAGE,
+    check,
+    daemon_for,
+    info,
+    start_engines,
+    tiny_model,
+    url_of,
+    usable_tokens,
+)
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -128,8 +135,7 @@ def test_cache_salts_and_models_never_share_pages(setup):
 def test_pages_written_by_vllm_are_read_by_the_transformers_integration(setup):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from pfxcache.client import PrefixCache
-    from pfxcache.client import hf
+    from pfxcache.client import PrefixCache, hf
 
     prompt = SYSTEM + tokens(31, 40)
     outputs(setup["b"], [prompt])                              # stored by vLLM (the system prompt already was)

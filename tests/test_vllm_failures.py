@@ -12,10 +12,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from vllm_support import PAGE, check, daemon_for, info, start_engines, tiny_model, url_of, usable_tokens
-
 from support import wait_for
+from vllm_support import (
+    PAGE,
+    check,
+    daemon_for,
+    info,
+    start_engines,
+    tiny_model,
+    url_of,
+    usable_tokens,
+)
 
 pytestmark = pytest.mark.timeout(1800)
 

@@ -19,13 +19,14 @@ import redis
 
 torch = pytest.importorskip("torch")
 
-from pfxcache.client import PrefixCache  # noqa: E402
-from pfxcache.client.vllm import geometry_from_config, request_namespace  # noqa: E402
-from pfxcache.client.vllm.layout import PageGeometry, base_namespace  # noqa: E402
-from pfxcache.client.vllm.plan import LoadJob, StepPlan, StoreJob  # noqa: E402
-from pfxcache.client.vllm.scheduler import LEASE_MARGIN_S, SchedulerHalf, Settings  # noqa: E402
-from pfxcache.client.vllm.worker import WorkerHalf, paged_kv_views  # noqa: E402
-from pfxcache.testing import start_daemon  # noqa: E402
+from pfxcache.client import PrefixCache
+from pfxcache.client.vllm import geometry_from_config, request_namespace
+from pfxcache.client.vllm.layout import PageGeometry, base_namespace
+from pfxcache.client.vllm.plan import LoadJob, StepPlan, StoreJob
+from pfxcache.client.vllm.scheduler import LEASE_MARGIN_S, SchedulerHalf, Settings
+from pfxcache.client.vllm.worker import WorkerHalf, paged_kv_views
+
+from pfxcache.testing import start_daemon
 
 NBLOCKS = 24
 
@@ -335,10 +336,9 @@ def test_a_dead_daemon_is_survived_and_reconnected_later(daemon):
 
 
 def test_the_cuda_arena_on_the_stand_in(daemon):
-    from test_cuda import FAKE_CUPY
-
     from pfxcache.client.cuda import attach_cuda
     from pfxcache.daemon.store.cuda_arena import CudaArena
+    from test_cuda import FAKE_CUPY
 
     fake = types.ModuleType("fake_cupy")
     exec(compile(FAKE_CUPY, "fake_cupy", "exec"), fake.__dict__)
@@ -384,3 +384,31 @@ def test_tensor_parallel_workers_each_copy_their_heads(daemon):
         assert torch.equal(page[layer, 0], tensor[1, 0]) and torch.equal(page[layer, 1], tensor[1, 1])
     with pytest.raises(ValueError, match="do not split over 4"):
         WorkerHalf(GEOMETRY, tp_size=4)
+
+
+def test_consumers_only_load_and_producers_only_store(daemon):
+    producer = Engine(daemon, load=False)
+    consumer = Engine(daemon, store=False)
+    assert consumer.run(request("r1", PROMPT), [0, 1, 2, 3])[0] == 0
+    assert "stored_pages" not in consumer.scheduler.stats            # nothing was stored by the consumer
+    assert producer.run(request("r1", PROMPT), [0, 1, 2, 3])[0] == 0
+    assert producer.scheduler.stats["stored_pages"] == 3
+    assert producer.run(request("r2", PROMPT), [4, 5, 6, 7])[0] == 0  # a producer never loads
+    assert consumer.run(request("r3", PROMPT), [4, 5, 6, 7])[0] == 96
+    for engine, ids in ((producer, ("r1", "r2")), (consumer, ("r1", "r3"))):
+        for req_id in ids:
+            engine.scheduler.finished(request(req_id, PROMPT))
+    assert leases(daemon) == 0
+
+
+def test_acl_users_come_in_the_url(fresh_daemon):
+    acl = fresh_daemon("--page-size", str(GEOMETRY.page_size), "--block-bytes", str(GEOMETRY.block_bytes),
+                       "--maxmemory", str(GEOMETRY.block_bytes * NBLOCKS))
+    admin = redis.Redis(host=acl.host, port=acl.port)
+    admin.execute_command("ACL", "SETUSER", "tenant", "on", ">s3cret", "~tenant:*", "+@pfx", "+hello", "+ping")
+    allowed = Engine(acl, url=f"redis://tenant:s3cret@{acl.host}:{acl.port}/0", namespace="tenant:model")
+    allowed.run(request("r1", PROMPT), [0, 1, 2, 3])
+    assert allowed.scheduler.stats["stored_pages"] == 3
+    denied = Engine(acl, url=f"redis://tenant:s3cret@{acl.host}:{acl.port}/0")   # test:model: not its keys
+    assert denied.run(request("r1", PROMPT), [0, 1, 2, 3]) == (0, set())
+    assert denied.scheduler.stats["errors"] >= 1 and "stored_pages" not in denied.scheduler.stats

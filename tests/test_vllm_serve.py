@@ -19,12 +19,20 @@ import urllib.request
 
 import numpy as np
 import pytest
-
-from vllm_support import PAGE, START_TIMEOUT, check, daemon_for, info, tiny_model, url_of, usable_tokens
+from support import wait_for
+from vllm_support import (
+    PAGE,
+    START_TIMEOUT,
+    check,
+    daemon_for,
+    info,
+    tiny_model,
+    url_of,
+    usable_tokens,
+)
 
 from pfxcache.testing import free_port
 from pfxcache.tools.vllm_engine import CONNECTOR
-from support import wait_for
 
 pytestmark = pytest.mark.timeout(1800)
 

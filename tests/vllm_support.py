@@ -12,8 +12,8 @@ import os
 
 import pytest
 import redis
-
 from pfxcache.client.vllm import geometry_for_model
+
 from pfxcache.testing import start_daemon
 from pfxcache.tools.vllm_engine import BLOCK_SIZE, EngineProcess, make_tiny_model
 

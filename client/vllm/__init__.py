@@ -24,7 +24,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .layout import PageGeometry, base_namespace, geometry_for_model, geometry_from_config, request_namespace
+from .layout import (
+    PageGeometry,
+    base_namespace,
+    geometry_for_model,
+    geometry_from_config,
+    request_namespace,
+)
 
 __all__ = [
     "PageGeometry",

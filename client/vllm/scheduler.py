@@ -42,11 +42,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-
 from pfxcache.client.core import is_local_host
 from pfxcache.client.errors import CacheFullError, PrefixCacheError
 
 from .layout import PageGeometry, request_namespace
+from .once import LogOnce
 from .plan import LoadJob, StepPlan, StoreJob, WorkerReport
 
 log = logging.getLogger("pfxcache.vllm")
@@ -144,6 +144,7 @@ class SchedulerHalf:
         self._stores: dict[str, tuple[Any, StoreJob]] = {}
         self.stats: dict[str, float] = {}
         self._stats_delta: dict[str, float] = {}
+        self._warn = LogOnce()
 
     # -- the connection ------------------------------------------------------------------------------
 
@@ -181,9 +182,9 @@ class SchedulerHalf:
             if raise_geometry:
                 raise
             self._retry_at = now + self.settings.retry_seconds
-            log.error("pfxcache: the daemon at %s now has page-size %d / block-bytes %d, not this model's "
-                      "(%s): serving without the cache", url, info.page_size, info.block_bytes,
-                      self.geometry.daemon_args())
+            self._warn(f"geometry:{info.page_size}:{info.block_bytes}", "pfxcache: the daemon at %s now has "
+                       "page-size %d / block-bytes %d, not this model's (%s): serving without the cache", url,
+                       info.page_size, info.block_bytes, self.geometry.daemon_args(), level=logging.ERROR)
             self._count("errors")
             return None
         self._cache = cache
@@ -245,7 +246,7 @@ class SchedulerHalf:
             return None
         except PrefixCacheError as exc:
             self._count("errors")
-            log.warning("pfxcache: %s refused: %s", what, exc)
+            self._warn(f"{what}:{exc}", "pfxcache: %s refused: %s (counted in errors, logged once)", what, exc)
             return None
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             self._lost(exc)

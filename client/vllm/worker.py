@@ -31,7 +31,6 @@ both are counted and logged once per cause.
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from collections.abc import Callable
@@ -40,9 +39,8 @@ from typing import Any
 import torch
 
 from .layout import PageGeometry
-from .plan import LoadJob, StepPlan, StoreJob, WorkerReport
-
-log = logging.getLogger("pfxcache.vllm")
+from .once import LogOnce
+from .plan import LoadJob, StepPlan, WorkerReport
 
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
 
@@ -120,18 +118,6 @@ def _runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
-class _Once:
-    """Log each distinct cause once (a dead daemon must not fill the log at every step)."""
-
-    def __init__(self) -> None:
-        self._seen: set[str] = set()
-
-    def __call__(self, cause: str, message: str, *args: Any) -> None:
-        if cause not in self._seen:
-            self._seen.add(cause)
-            log.warning(message, *args)
-
-
 class WorkerHalf:
     """Copies for one worker. ``tp_rank``/``tp_size``: which share of the kv heads this worker holds.
 
@@ -164,7 +150,7 @@ class WorkerHalf:
         self._failed_blocks: set[int] = set()
         self._buffers: dict[Any, torch.Tensor] = {}
         self._report = WorkerReport()
-        self._warn = _Once()
+        self._warn = LogOnce()
 
     # -- vLLM's KV ---------------------------------------------------------------------------------
 
