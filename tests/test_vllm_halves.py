@@ -154,7 +154,7 @@ def url(daemon) -> str:
 class Engine:
     """One engine's worth of the connector: a scheduler half, a worker half and vLLM-laid-out KV."""
 
-    def __init__(self, daemon, layout: str = "vec", clock=None, **settings):
+    def __init__(self, daemon, layout: str = "vec", clock=None, gather=None, **settings):
         self.layout = layout
         self.kv = {f"model.layers.{i}.self_attn.attn": kv_tensor(layout, 16, 2, 32, 32) for i in range(2)}
         self.blocks: dict[str, list[int]] = {}
@@ -163,7 +163,7 @@ class Engine:
         self.scheduler = SchedulerHalf(Settings(**settings), GEOMETRY, "test:model", **extra)
         self.scheduler.block_ids_of = self.blocks.__getitem__
         self.scheduler.start()
-        self.worker = WorkerHalf(GEOMETRY)
+        self.worker = WorkerHalf(GEOMETRY, gather=gather)
         self.worker.register(self.kv, cpu_isa=layout if layout in ("vec", "amx") else None)
 
     def fill(self, block: int, seed: int) -> None:
@@ -207,17 +207,18 @@ def pfxcheck(daemon) -> bytes:
 PROMPT = list(range(1, 3 * 32 + 6))      # 3 full pages and a tail
 
 
+@pytest.mark.parametrize("gather", [False, True], ids=["runs", "gather"])
 @pytest.mark.parametrize("layout", ["vec", "amx", "flash"])
-def test_pages_move_from_one_engine_to_another(daemon, layout):
-    a, b = Engine(daemon, layout), Engine(daemon, layout)
-    loaded, _ = a.run(request("r1", PROMPT), [3, 4, 5, 6])
+def test_pages_move_from_one_engine_to_another(daemon, layout, gather):
+    a, b = Engine(daemon, layout, gather=gather), Engine(daemon, layout, gather=gather)
+    loaded, _ = a.run(request("r1", PROMPT), [3, 6, 4, 8])          # scattered on both engines
     assert loaded == 0 and a.scheduler.stats["stored_pages"] == 3
     a.scheduler.finished(request("r1", PROMPT))
     assert leases(daemon) == 0
 
-    loaded, failed = b.run(request("r1", PROMPT), [9, 2, 10, 11])   # vLLM's blocks: not a run
+    loaded, failed = b.run(request("r1", PROMPT), [9, 2, 12, 11])   # vLLM's blocks: not a run
     assert loaded == 3 * 32 and not failed
-    for mine, theirs in zip((3, 4, 5), (9, 2, 10)):
+    for mine, theirs in zip((3, 6, 4), (9, 2, 12)):
         assert all(torch.equal(x, y) for x, y in zip(a.logical(mine), b.logical(theirs)))
     b.scheduler.finished(request("r1", PROMPT))
     assert leases(daemon) == 0 and pfxcheck(daemon) == b"OK"

@@ -16,8 +16,8 @@ two views of the same pages:
 A load copies vLLM block by block from arena blocks before the forward pass
 (``start_load_kv``, synchronous: the forward reads them at once); a store
 copies the other way after it (``wait_for_save``). Runs of consecutive ids on
-both sides become one strided slice copy per layer and kind (K, V); other
-ids go through one gather/scatter per layer. With tensor parallelism each
+both sides become one strided slice copy per layer and kind (K, V); on a
+GPU, ids in many short runs go through one gather/scatter per layer instead. With tensor parallelism each
 worker copies its own heads' share of every page.
 
 When the plan carries no arena (the daemon is on another host, or cannot be
@@ -118,6 +118,20 @@ def _runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
+class _Kind:
+    """One layer's keys or values on vLLM's side, with what the copies need, worked out once."""
+
+    __slots__ = ("view", "physical", "order", "direct")
+
+    def __init__(self, view: torch.Tensor) -> None:
+        self.view = view
+        # vLLM's memory order (contiguous per block), and whether the view's own order keeps runs long
+        # enough (256 bytes) for a plain strided copy to run at memory speed.
+        self.order = [0, *sorted(range(1, view.dim()), key=lambda d: -view.stride(d))]
+        self.physical = view.permute(self.order)
+        self.direct = _contiguous_run(view) * view.element_size() >= 256
+
+
 class WorkerHalf:
     """Copies for one worker. ``tp_rank``/``tp_size``: which share of the kv heads this worker holds.
 
@@ -129,7 +143,8 @@ class WorkerHalf:
 
     def __init__(self, geometry: PageGeometry, *, tp_rank: int = 0, tp_size: int = 1,
                  open_arena: Callable[[dict], Any] | None = None,
-                 connect: Callable[[str], Any] | None = None, socket_timeout: float = 5.0) -> None:
+                 connect: Callable[[str], Any] | None = None, socket_timeout: float = 5.0,
+                 gather: bool | None = None) -> None:
         if geometry.kv_heads % tp_size:
             raise ValueError(f"{geometry.kv_heads} kv heads do not split over {tp_size} tensor-parallel workers")
         self.geometry = geometry
@@ -140,7 +155,10 @@ class WorkerHalf:
         self._open_arena = open_arena
         self._connect = connect
         self._socket_timeout = socket_timeout
+        self._gather = gather    # scattered ids by gather/scatter (None: on a GPU only; tests force it)
         self._layers: list[tuple[torch.Tensor, torch.Tensor]] = []   # per layer: vLLM's (keys, values) views
+        self._kinds: list[tuple[_Kind, _Kind]] = []
+        self._page_cache: tuple[Any, list] | None = None     # (pages tensor, its per-layer views)
         self._arena_key: Any = None
         self._arena_view: Any = None
         self._pages: torch.Tensor | None = None   # the arena as [nblocks, L, 2, H, page, D]
@@ -169,6 +187,7 @@ class WorkerHalf:
                                  "(set kv_cache_dtype auto)")
             views.append(paged_kv_views(tensor, g.page_size, self.local_heads, g.head_dim, cpu_isa))
         self._layers = views
+        self._kinds = [(_Kind(keys), _Kind(values)) for keys, values in views]
 
     # -- the arena ---------------------------------------------------------------------------------
 
@@ -200,6 +219,7 @@ class WorkerHalf:
 
     def _close_arena(self) -> None:
         self._pages = None
+        self._page_cache = None
         if self._arena_view is not None:
             try:
                 self._arena_view.close()
@@ -217,6 +237,16 @@ class WorkerHalf:
         values = pages[:, layer, 1, self._heads].view(count, self.local_heads, *values_view.shape[2:])
         return keys, values
 
+    def _all_page_views(self, pages: torch.Tensor) -> list:
+        """:meth:`_page_views` of every layer, kept for the mapped arena (made once, not every step)."""
+        cached = self._page_cache
+        if cached is not None and cached[0] is pages:
+            return cached[1]
+        views = [self._page_views(pages, layer) for layer in range(len(self._layers))]
+        if pages is self._pages:
+            self._page_cache = (pages, views)
+        return views
+
     def _scratch(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         """A contiguous tensor of ``shape`` over a buffer kept between copies (no allocation per step)."""
         numel = 1
@@ -228,35 +258,33 @@ class WorkerHalf:
             self._buffers[like.device] = buffer
         return buffer[:numel].view(shape)
 
-    def _copy_kind(self, vllm_view: torch.Tensor, page_view: torch.Tensor, runs: list[tuple[int, int, int]],
+    def _copy_kind(self, kind: _Kind, page_view: torch.Tensor, runs: list[tuple[int, int, int]],
                    index: tuple[torch.Tensor, torch.Tensor] | None, to_vllm: bool) -> None:
         """One layer's keys (or values): pages <-> vLLM blocks, by slices of runs or by index.
 
         When vLLM's kernel keeps the block's elements in another order than
         the page (transposed or interleaved keys), a strided copy between two
         strided views is very slow (~1 GB/s on CPU); a copy that transposes
-        into a contiguous buffer, then a plain one, is ~10x faster. So such
-        copies go through a scratch buffer: the transposition always writes
-        contiguous memory, the other copy keeps whole contiguous runs.
+        into a contiguous buffer, then a plain one, is several times faster.
+        So such copies go through a scratch buffer: the transposition always
+        writes contiguous memory, the other copy keeps whole contiguous runs.
         """
-        direct = _contiguous_run(vllm_view) * vllm_view.element_size() >= 256
-        order = [0, *sorted(range(1, vllm_view.dim()), key=lambda d: -vllm_view.stride(d))]
-        physical = vllm_view.permute(order)            # vLLM's memory order: contiguous per block
-        back = [order.index(d) for d in range(vllm_view.dim())]
+        view, physical, order = kind.view, kind.physical, kind.order
         if index is not None:
             page_index, vllm_index = index
             if to_vllm:
-                pages = page_view.index_select(0, page_index).to(vllm_view.device)
-                vllm_view.index_copy_(0, vllm_index, pages) if direct else \
+                pages = page_view.index_select(0, page_index).to(view.device)
+                view.index_copy_(0, vllm_index, pages) if kind.direct else \
                     physical.index_copy_(0, vllm_index, pages.permute(order).contiguous())
             else:
-                blocks = vllm_view.index_select(0, vllm_index) if direct else \
+                back = [order.index(d) for d in range(view.dim())]
+                blocks = view.index_select(0, vllm_index) if kind.direct else \
                     physical.index_select(0, vllm_index).permute(back).contiguous()
                 page_view.index_copy_(0, page_index, blocks.to(page_view.device))
             return
         for src, dst, length in runs:
-            pages, blocks = page_view[src:src + length], vllm_view[dst:dst + length]
-            if direct:
+            pages, blocks = page_view[src:src + length], view[dst:dst + length]
+            if kind.direct:
                 (blocks.copy_(pages) if to_vllm else pages.copy_(blocks))
             elif to_vllm:
                 scratch = self._scratch((length, *physical.shape[1:]), pages)
@@ -270,17 +298,21 @@ class WorkerHalf:
     def _copy(self, pages: torch.Tensor, page_ids: list[int], vllm_ids: list[int], to_vllm: bool) -> int:
         """Between pages[page_ids] (this worker's heads) and vLLM's blocks vllm_ids, every layer; returns bytes.
 
-        Runs of ids consecutive on both sides are slice copies; many short
-        runs are one gather and one scatter per layer and kind.
+        Runs of ids consecutive on both sides are slice copies; on a GPU, many
+        short runs are one gather and one scatter per layer and kind instead.
         """
         runs = _runs(page_ids, vllm_ids)
         index = None
-        if not (len(runs) * 4 <= len(page_ids) or len(runs) <= 2):
+        # On a GPU many short runs are many kernel launches: one gather/scatter is better. On the CPU
+        # index_copy_ into a strided view of vLLM's whole cache costs milliseconds whatever the count,
+        # while a slice copy per run costs microseconds: runs, always.
+        gather = pages.is_cuda if self._gather is None else self._gather
+        if gather and not (len(runs) * 4 <= len(page_ids) or len(runs) <= 2):
             index = (torch.tensor(page_ids, device=pages.device),
                      torch.tensor(vllm_ids, device=self._layers[0][0].device))
-        for layer, vllm_views in enumerate(self._layers):
-            for vllm_view, page_view in zip(vllm_views, self._page_views(pages, layer)):
-                self._copy_kind(vllm_view, page_view, runs, index, to_vllm)
+        for kinds, page_views in zip(self._kinds, self._all_page_views(pages)):
+            for kind, page_view in zip(kinds, page_views):
+                self._copy_kind(kind, page_view, runs, index, to_vllm)
         return len(page_ids) * self.geometry.block_bytes // self.tp_size
 
     def _to_vllm(self, pages: torch.Tensor, page_ids: list[int], vllm_ids: list[int]) -> int:
