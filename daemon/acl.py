@@ -46,6 +46,8 @@ CHANNEL_ARGS = {
     "publish": (1, 2, False),
     "subscribe": (1, None, False),
     "psubscribe": (1, None, True),
+    "spublish": (1, 2, False),
+    "ssubscribe": (1, None, False),
 }
 
 

@@ -69,18 +69,18 @@ class Client:
     @property
     def subscribed(self) -> bool:
         """In Redis's subscribed state: at least one channel or pattern."""
-        return self.pubsub is not None and self.pubsub.count > 0
+        return self.pubsub is not None and self.pubsub.total > 0
 
     def describe(self) -> str:
         """The ``CLIENT LIST`` line for this client (Redis 7.0.15's fields, in its order)."""
         now = time.monotonic()
         subs = self.pubsub
-        sub, psub = (len(subs.channels), len(subs.patterns)) if subs is not None else (0, 0)
-        flags = ("P" if sub or psub else "") + ("U" if self.is_unix else "") or "N"
+        sub, psub, ssub = (len(subs.channels), len(subs.patterns), len(subs.shard_channels)) if subs else (0, 0, 0)
+        flags = ("P" if sub or psub or ssub else "") + ("U" if self.is_unix else "") or "N"
         return (
             f"id={self.id} addr={self.addr} laddr={self.laddr} fd={self.fd} name={self.name} "
             f"age={int(now - self.created)} idle={int(now - self.last_interaction)} "
-            f"flags={flags} db={self.db} sub={sub} psub={psub} ssub=0 "
+            f"flags={flags} db={self.db} sub={sub} psub={psub} ssub={ssub} "
             f"multi={len(self.multi.commands) if self.multi is not None else -1} "
             f"qbuf={self.query_buffered} qbuf-free=0 argv-mem=0 multi-mem=0 rbs=16384 rbp=0 "
             f"obl=0 oll=0 omem=0 tot-mem={self.query_buffered} events=r cmd={self.last_command} "

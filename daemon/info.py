@@ -156,6 +156,7 @@ def _stats(server: ServerState) -> Fields:
         ("keyspace_misses", keyspace["keyspace_misses"]),
         ("pubsub_channels", len(server.pubsub.channels)),
         ("pubsub_patterns", server.pubsub.numpat),
+        ("pubsubshard_channels", len(server.pubsub.shard_channels)),
         ("total_error_replies", stats.total_error_replies),
         ("total_reads_processed", stats.total_reads_processed),
         ("total_writes_processed", stats.total_writes_processed),

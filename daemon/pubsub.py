@@ -33,28 +33,35 @@ def _bulk(value: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(value), value)
 
 
-def message_frame(resp: int, channel: bytes, payload: bytes, pattern: bytes | None = None) -> bytes:
-    """The encoded ``message`` (or ``pmessage``) a subscriber receives."""
+def message_frame(resp: int, channel: bytes, payload: bytes, pattern: bytes | None = None,
+                  kind: bytes = b"message") -> bytes:
+    """The encoded ``message`` (``pmessage``, ``smessage``) a subscriber receives."""
     head = b">" if resp == 3 else b"*"
     if pattern is None:
-        return head + b"3\r\n$7\r\nmessage\r\n" + _bulk(channel) + _bulk(payload)
+        return head + b"3\r\n" + _bulk(kind) + _bulk(channel) + _bulk(payload)
     return head + b"4\r\n$8\r\npmessage\r\n" + _bulk(pattern) + _bulk(channel) + _bulk(payload)
 
 
 class ClientSubscriptions:
-    """One client's channels and patterns (in subscription order) and its push queue."""
+    """One client's channels, patterns and shard channels (in subscription order) and its push queue."""
 
-    __slots__ = ("channels", "patterns", "push")
+    __slots__ = ("channels", "patterns", "shard_channels", "push")
 
     def __init__(self, push: Any) -> None:
         self.channels: dict[bytes, None] = {}
         self.patterns: dict[bytes, None] = {}
+        self.shard_channels: dict[bytes, None] = {}
         self.push = push  # push.PushQueue: out-of-band frames for the connection
 
     @property
     def count(self) -> int:
-        """What (P)SUBSCRIBE replies count: channels + patterns."""
+        """What (P)SUBSCRIBE replies count: channels + patterns (shard channels count apart)."""
         return len(self.channels) + len(self.patterns)
+
+    @property
+    def total(self) -> int:
+        """Every subscription: the client is in the subscribed state while this is not 0."""
+        return len(self.channels) + len(self.patterns) + len(self.shard_channels)
 
 
 class PubSub:
@@ -63,6 +70,8 @@ class PubSub:
     def __init__(self) -> None:
         self.channels: dict[bytes, dict[int, Any]] = {}  # channel -> {client id: client}
         self.patterns: dict[bytes, dict[int, Any]] = {}  # pattern -> {client id: client}
+        #: Shard channels (SSUBSCRIBE/SPUBLISH): in a standalone server, channels of their own.
+        self.shard_channels: dict[bytes, dict[int, Any]] = {}
         self.messages_published = 0
 
     # -- subscriptions (the client's ``pubsub`` is a ClientSubscriptions) -----------------------------
@@ -105,6 +114,25 @@ class PubSub:
             del self.patterns[pattern]
         return True
 
+    def ssubscribe(self, client: Any, channel: bytes) -> bool:
+        subs = client.pubsub
+        if channel in subs.shard_channels:
+            return False
+        subs.shard_channels[channel] = None
+        self.shard_channels.setdefault(channel, {})[client.id] = client
+        return True
+
+    def sunsubscribe(self, client: Any, channel: bytes) -> bool:
+        subs = client.pubsub
+        if subs is None or channel not in subs.shard_channels:
+            return False
+        del subs.shard_channels[channel]
+        receivers = self.shard_channels[channel]
+        del receivers[client.id]
+        if not receivers:
+            del self.shard_channels[channel]
+        return True
+
     def drop_client(self, client: Any) -> None:
         """Forget every subscription of ``client`` (it disconnected or sent RESET)."""
         subs = client.pubsub
@@ -114,6 +142,8 @@ class PubSub:
             self.unsubscribe(client, channel)
         for pattern in list(subs.patterns):
             self.punsubscribe(client, pattern)
+        for channel in list(subs.shard_channels):
+            self.sunsubscribe(client, channel)
 
     # -- publishing -----------------------------------------------------------------------------------
 
@@ -144,6 +174,17 @@ class PubSub:
         self.messages_published += 1
         return receivers
 
+    def spublish(self, channel: bytes, payload: bytes) -> int:
+        """SPUBLISH: deliver an ``smessage`` to the shard channel's subscribers (patterns never match)."""
+        frames: dict[int, bytes] = {}
+        subscribers = self.shard_channels.get(channel, {})
+        for client in list(subscribers.values()):
+            frame = frames.get(client.resp)
+            if frame is None:
+                frame = frames[client.resp] = message_frame(client.resp, channel, payload, kind=b"smessage")
+            client.pubsub.push.push(frame)
+        return len(subscribers)
+
     def has_listeners(self, channel: bytes) -> bool:
         """Whether a PUBLISH to ``channel`` would reach anyone (lets event sources skip the work)."""
         if channel in self.channels:
@@ -158,6 +199,12 @@ class PubSub:
 
     def numsub(self, channel: bytes) -> int:
         return len(self.channels.get(channel, ()))
+
+    def shard_channel_names(self, pattern: bytes | None = None) -> list[bytes]:
+        return [ch for ch in self.shard_channels if pattern is None or stringmatchlen(pattern, ch)]
+
+    def shard_numsub(self, channel: bytes) -> int:
+        return len(self.shard_channels.get(channel, ()))
 
     @property
     def numpat(self) -> int:

@@ -113,6 +113,29 @@ RESP2_SCRIPT = [
     (0, ("DBSIZE",), {0: 1}),
     (1, ("PUBSUB", "NUMSUB", "again"), {1: 1}),
     (0, ("PSUBSCRIBE", "q*"), {0: 1}),
+    (0, ("PUNSUBSCRIBE",), {0: 1}),
+    # Sharded pub/sub: channels of their own, counted apart; patterns never see them.
+    (0, ("SSUBSCRIBE", "orders", "orders:eu"), {0: 2}),
+    (0, ("SUBSCRIBE", "orders"), {0: 1}),
+    (0, ("PSUBSCRIBE", "o*"), {0: 1}),
+    (0, ("DBSIZE",), {0: 1}),
+    (1, ("SPUBLISH", "orders", "o1"), {1: 1, 0: 1}),
+    (1, ("PUBLISH", "orders", "o2"), {1: 1, 0: 2}),
+    (1, ("SPUBLISH", "nobody", "x"), {1: 1}),
+    (1, ("PUBSUB", "SHARDCHANNELS", "orders:*"), {1: 1}),
+    (1, ("PUBSUB", "SHARDNUMSUB", "orders", "orders:eu", "orders:us"), {1: 1}),
+    (1, ("PUBSUB", "SHARDNUMSUB"), {1: 1}),
+    (1, ("PUBSUB", "SHARDCHANNELS", "a", "b"), {1: 1}),
+    (1, ("PUBSUB", "HELP"), {1: 1}),
+    (0, ("UNSUBSCRIBE",), {0: 1}),
+    (0, ("PUNSUBSCRIBE",), {0: 1}),
+    (0, ("DBSIZE",), {0: 1}),
+    (0, ("SUNSUBSCRIBE", "orders:eu", "never"), {0: 2}),
+    (0, ("SUNSUBSCRIBE",), {0: 1}),
+    (0, ("SUNSUBSCRIBE",), {0: 1}),
+    (0, ("DBSIZE",), {0: 1}),
+    (0, ("SSUBSCRIBE",), {0: 1}),
+    (0, ("SPUBLISH", "a"), {0: 1}),
     (0, ("QUIT",), {0: 1}),
 ]
 
@@ -126,6 +149,9 @@ RESP3_SCRIPT = [
     (0, ("UNSUBSCRIBE",), {0: 1}),
     (0, ("PUNSUBSCRIBE", "n*", "x*"), {0: 2}),
     (0, ("UNSUBSCRIBE",), {0: 1}),
+    (0, ("SSUBSCRIBE", "orders"), {0: 1}),
+    (1, ("SPUBLISH", "orders", "o1"), {1: 1, 0: 1}),
+    (0, ("SUNSUBSCRIBE",), {0: 1}),
     (0, ("SUBSCRIBE", "a"), {0: 1}),
     (0, ("RESET",), {0: 1}),
     (0, ("PING",), {0: 1}),
@@ -248,6 +274,10 @@ ACL_SCRIPT = [
     ("PUBLISH", "news", "x"),
     ("PUBLISH", "other", "x"),
     ("UNSUBSCRIBE", "other"),
+    ("SSUBSCRIBE", "news"),
+    ("SSUBSCRIBE", "news", "other"),
+    ("SPUBLISH", "news", "x"),
+    ("SPUBLISH", "other", "x"),
 ]
 
 
@@ -261,7 +291,7 @@ def test_acl_channel_rules_match_redis_server(servers):
             out.append(admin.read(1))
             for command in ACL_SCRIPT[1:]:
                 conn.send(*command)
-                frames = len(command) - 1 if command[0] in ("SUBSCRIBE", "PSUBSCRIBE", "UNSUBSCRIBE") else 1
+                frames = len(command) - 1 if command[0] in ("SUBSCRIBE", "PSUBSCRIBE", "UNSUBSCRIBE", "SSUBSCRIBE") else 1
                 reply = conn.read(1)
                 if not reply.startswith(b"-") and frames > 1:
                     reply += conn.read(frames - 1)

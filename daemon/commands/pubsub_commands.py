@@ -1,4 +1,5 @@
-"""Pub/sub commands: SUBSCRIBE, UNSUBSCRIBE, PSUBSCRIBE, PUNSUBSCRIBE, PUBLISH, PUBSUB.
+"""Pub/sub commands: SUBSCRIBE, UNSUBSCRIBE, PSUBSCRIBE, PUNSUBSCRIBE, PUBLISH, PUBSUB, and the
+sharded SSUBSCRIBE, SUNSUBSCRIBE, SPUBLISH (in a standalone server: channels of their own).
 
 Replies are redis-server 7.0's, byte for byte: one ``subscribe``/``unsubscribe``
 (``psubscribe``...) reply per channel, each with the client's subscription
@@ -63,31 +64,56 @@ def psubscribe(ctx: Any, argv: list[bytes]) -> Any:
     return Replies(replies)
 
 
-def _unsubscribe(ctx: Any, argv: list[bytes], kind: bytes, patterns: bool) -> Any:
+@handles("ssubscribe")
+def ssubscribe(ctx: Any, argv: list[bytes]) -> Any:
+    subs = _subscriptions(ctx)
+    hub = ctx.server.pubsub
+    replies = []
+    for channel in argv[1:]:
+        hub.ssubscribe(ctx.client, channel)
+        replies.append(Push([b"ssubscribe", channel, len(subs.shard_channels)]))
+    return Replies(replies)
+
+
+def _unsubscribe(ctx: Any, argv: list[bytes], kind: bytes) -> Any:
     client = ctx.client
     hub = ctx.server.pubsub
     subs = client.pubsub
-    drop = hub.punsubscribe if patterns else hub.unsubscribe
+    drop, held, count = {
+        b"unsubscribe": (hub.unsubscribe, "channels", lambda s: s.count),
+        b"punsubscribe": (hub.punsubscribe, "patterns", lambda s: s.count),
+        b"sunsubscribe": (hub.sunsubscribe, "shard_channels", lambda s: len(s.shard_channels)),
+    }[kind]
     names = argv[1:]
     if not names:
-        names = list((subs.patterns if patterns else subs.channels) if subs is not None else ())
+        names = list(getattr(subs, held)) if subs is not None else []
         if not names:
-            return Push([kind, None, subs.count if subs is not None else 0])
+            return Push([kind, None, count(subs) if subs is not None else 0])
     replies = []
     for name in names:
         drop(client, name)
-        replies.append(Push([kind, name, subs.count if subs is not None else 0]))
+        replies.append(Push([kind, name, count(subs) if subs is not None else 0]))
     return Replies(replies)
 
 
 @handles("unsubscribe")
 def unsubscribe(ctx: Any, argv: list[bytes]) -> Any:
-    return _unsubscribe(ctx, argv, b"unsubscribe", patterns=False)
+    return _unsubscribe(ctx, argv, b"unsubscribe")
 
 
 @handles("punsubscribe")
 def punsubscribe(ctx: Any, argv: list[bytes]) -> Any:
-    return _unsubscribe(ctx, argv, b"punsubscribe", patterns=True)
+    return _unsubscribe(ctx, argv, b"punsubscribe")
+
+
+@handles("sunsubscribe")
+def sunsubscribe(ctx: Any, argv: list[bytes]) -> Any:
+    return _unsubscribe(ctx, argv, b"sunsubscribe")
+
+
+@handles("spublish")
+def spublish(ctx: Any, argv: list[bytes]) -> Any:
+    return ctx.server.pubsub.spublish(argv[1], argv[2])
 
 
 @handles("publish")
@@ -108,6 +134,22 @@ def pubsub_numsub(ctx: Any, argv: list[bytes]) -> Any:
     out: list[Any] = []
     for channel in argv[2:]:
         out += [channel, hub.numsub(channel)]
+    return out
+
+
+@handles("pubsub|shardchannels")
+def pubsub_shardchannels(ctx: Any, argv: list[bytes]) -> Any:
+    if len(argv) > 3:
+        return _unknown_subcommand(argv)
+    return ctx.server.pubsub.shard_channel_names(argv[2] if len(argv) == 3 else None)
+
+
+@handles("pubsub|shardnumsub")
+def pubsub_shardnumsub(ctx: Any, argv: list[bytes]) -> Any:
+    hub = ctx.server.pubsub
+    out: list[Any] = []
+    for channel in argv[2:]:
+        out += [channel, hub.shard_numsub(channel)]
     return out
 
 
