@@ -43,8 +43,6 @@ from typing import Any, NamedTuple
 
 import trio
 
-from pfxcache.protocol.redis_strings import stringmatchlen
-
 from .memory import MemoryAccount, MemoryFigures
 from .rwlock import RWLock
 from .store import PrefixStore
@@ -79,8 +77,11 @@ def _store_policy(name: str, current: str) -> str:
 class PrefixService:
     """The daemon's prefix store: one per server."""
 
-    def __init__(self, config: Any, *, tcp_port: int) -> None:
+    def __init__(self, config: Any, *, tcp_port: int, glob: Any = None) -> None:
+        """``glob(pattern, name)``: how tenant-quota patterns match namespaces; the server passes
+        Redis's stringmatchlen, the one ACL key patterns use (None: fnmatch, close to it)."""
         self.config = config
+        self._glob = glob
         block_bytes = config["block-bytes"]
         nblocks = config["maxmemory"] // block_bytes
         if nblocks < 1:
@@ -137,12 +138,10 @@ class PrefixService:
         self.store.evicting = name != "noeviction"
         self.store.set_policy(_store_policy(name, self.store.policy))
 
-    @staticmethod
-    def _quota_book(rules: Any) -> QuotaBook:
-        """The tenant-quota rules as the store takes them, matched with Redis's glob (as ACL key patterns are)."""
+    def _quota_book(self, rules: Any) -> QuotaBook:
+        """The tenant-quota rules as the store takes them, matched with the glob ACL key patterns use."""
         return QuotaBook(((pattern.encode("utf-8", "surrogateescape"), pages, leased, leases)
-                          for pattern, pages, leased, leases in rules),
-                         match=lambda pattern, name: stringmatchlen(pattern, name))
+                          for pattern, pages, leased, leases in rules), match=self._glob)
 
     def close(self) -> None:
         """Release the arena (the shared-memory file is unlinked)."""

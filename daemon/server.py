@@ -31,6 +31,7 @@ from typing import Any
 import trio
 
 from pfxcache import __version__
+from pfxcache.protocol.redis_strings import stringmatchlen
 
 from . import logs
 from .acl import AclUsers
@@ -329,7 +330,7 @@ class Server:
         self._shutdown_requested = trio.Event()
         self._open_listeners()
         try:
-            self.prefix = PrefixService(self.config, tcp_port=self.tcp_port)
+            self.prefix = PrefixService(self.config, tcp_port=self.tcp_port, glob=stringmatchlen)
         except (ValueError, OSError) as exc:
             for listener in self._listeners:
                 listener.close()
