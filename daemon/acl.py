@@ -217,6 +217,16 @@ class AclUsers:
                     return NOPERM_CHANNEL
         return None
 
+    def denial(self, username: str, spec: Any, argv: list[bytes]) -> tuple[str, str]:
+        """Why :meth:`check` refused ``argv``, as ACL LOG records it: ("command", the command's
+        full name) or ("key", the first key refused)."""
+        user = self.users.get(username)
+        if user is not None and (spec.fullname in user.allowed or "no_auth" in spec.flags):
+            for position, _flags in spec.keys(argv) or ():
+                if not user.key_allowed(argv[position]):
+                    return "key", argv[position].decode("utf-8", "surrogateescape")
+        return "command", spec.fullname
+
     # -- changes ---------------------------------------------------------------------
 
     def setuser(self, name: str, rules: Iterable[str]) -> None:
@@ -231,6 +241,11 @@ class AclUsers:
         user = User(name)
         # A new user: off, no passwords, no keys, no channels (acl-pubsub-default), -@all.
         return user
+
+    def replace_users(self, users: dict[str, User]) -> None:
+        """ACL LOAD: these users, and only these, from now on."""
+        self.users = users
+        self._refresh()
 
     def deluser(self, name: str) -> bool:
         removed = self.users.pop(name, None) is not None
@@ -437,6 +452,38 @@ class AclUsers:
                 raise ValueError(f"{where}: {exc.op}: {exc.reason}") from None
         self.users = staged.users
         self._refresh()
+
+
+def load_acl_file(commands: Any, path: str) -> dict[str, User]:
+    """ACL LOAD: the users of ``path`` alone (a ``default`` user is made if the file has none).
+
+    Raises ValueError with redis-server 7.0's ACL LOAD text when a line is wrong (nothing changes).
+    """
+    warning = ". WARNING: ACL errors detected, no change to the previously active ACL rules was performed"
+    with open(path, "rb") as f:
+        data = f.read()
+    staged = AclUsers(commands)
+    seen: set[str] = set()
+    for lineno, raw in enumerate(data.split(b"\n"), 1):
+        line = raw.strip(b" \t\r\n")
+        if not line or line.startswith(b"#"):
+            continue
+        argv = splitargs(line)
+        if not argv or argv[0] != b"user" or len(argv) < 2:
+            raise ValueError(f"{path}:{lineno} should start with user keyword followed by the username{warning}")
+        name = argv[1].decode("utf-8", "surrogateescape")
+        if not valid_username(name):
+            raise ValueError(f"{path}:{lineno}: Usernames can't contain spaces or null characters{warning}")
+        if name in seen:
+            raise ValueError(f"WARNING: Duplicate user '{name}' found on line {lineno}{warning}")
+        seen.add(name)
+        rules = [a.decode("utf-8", "surrogateescape") for a in argv[2:]]
+        try:
+            staged.users[name] = user = User(name)
+            staged._apply(user, rules)
+        except AclError as exc:
+            raise ValueError(f"{path}:{lineno}: Error in applying operation '{exc.op}': {exc.reason}{warning}") from None
+    return staged.users
 
 
 def valid_username(name: str) -> bool:

@@ -11,6 +11,10 @@ import time
 from typing import Callable, Iterator
 
 
+#: Client.mute under CLIENT REPLY OFF.
+MUTE_OFF = -1
+
+
 class Client:
     """One connected client, as Redis describes it in ``CLIENT LIST``."""
 
@@ -35,6 +39,7 @@ class Client:
         "pubsub",
         "open_push",
         "multi",
+        "mute",
     )
 
     def __init__(self, client_id: int, addr: str, laddr: str, fd: int, *, is_unix: bool = False) -> None:
@@ -65,6 +70,9 @@ class Client:
         self.open_push: Callable[[], object] = lambda: None
         #: transactions.MultiState between MULTI and EXEC/DISCARD (None outside a transaction).
         self.multi = None
+        #: CLIENT REPLY: 0 replies are written; MUTE_OFF (OFF) none until ON; n > 0 (SKIP) the
+        #: next n are dropped (the SKIP's own, then the next command's).
+        self.mute = 0
 
     @property
     def subscribed(self) -> bool:

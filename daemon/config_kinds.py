@@ -364,6 +364,36 @@ class Float(Kind):
 
 
 @dataclass(frozen=True, slots=True)
+class Percentiles(Kind):
+    """latency-tracking-info-percentiles: numbers from 0 to 100 separated by spaces ("" for
+    none), shown as Redis shows them ("%f" without trailing zeros)."""
+
+    multi_arg = True
+
+    def parse(self, args: Sequence[str], d: Directive) -> tuple[float, ...]:
+        if len(args) == 1 and args[0] == "":
+            return ()
+        values = []
+        for arg in args:
+            if not _FLOAT_RE.fullmatch(arg):
+                raise ValueError(f"Invalid {d.name} parameters")
+            value = float(arg)
+            if not 0.0 <= value <= 100.0:
+                raise ValueError(f"{d.name} parameters should sit between [0.0,100.0]")
+            values.append(value)
+        return tuple(values)
+
+    def show(self, value: Sequence[float]) -> str:
+        return " ".join(f"{v:f}".rstrip("0").rstrip(".") for v in value)
+
+    def conf(self, value: Sequence[float]) -> str:
+        return self.show(value) if value else '""'
+
+    def describe(self, d: Directive) -> str:
+        return 'percentiles from 0 to 100 separated by spaces, or "" for none'
+
+
+@dataclass(frozen=True, slots=True)
 class AddressList(Kind):
     """bind: up to ``limit`` addresses; a single "" means none. The typed
     value is a list of str (a tuple inside the Config)."""

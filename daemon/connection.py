@@ -263,7 +263,10 @@ def _run_buffered_requests(ctx: Context, parser: RequestParser, out: ReplyBuffer
 
 def _emit(ctx: Context, parser: RequestParser, out: ReplyBuffer, reply: Any) -> None:
     client = ctx.client
-    if reply is not NO_REPLY:
+    if client.mute:  # CLIENT REPLY OFF / SKIP
+        if client.mute > 0:
+            client.mute -= 1
+    elif reply is not NO_REPLY:
         encode_into(out, reply, client.resp)
     # AUTH / HELLO / RESET change the limits of the very next request.
     parser.authenticated = client.authenticated or not ctx.server.auth_required

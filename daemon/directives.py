@@ -27,6 +27,7 @@ from .config_kinds import (
     Memory,
     OutputBufferLimits,
     TenantQuotas,
+    Percentiles,
     Save,
     String,
 )
@@ -297,6 +298,40 @@ DIRECTIVES: tuple[Directive, ...] = (
         doc="Most namespaces the metrics endpoint labels one by one (each is a time series per "
         "metric for Prometheus); a namespace keeps its label while it exists, and the others "
         "are summed under namespace=\"_other\".",
+    ),
+    # --- operating it: SLOWLOG, LATENCY, ACL LOG, DEBUG ---
+    Directive(
+        name="slowlog-log-slower-than", kind=Int(), default=10000, minimum=-1, maximum=LONG_MAX,
+        doc="Log to SLOWLOG every command that ran for at least this many microseconds "
+        "(wall time: an async command's waits for locks and copies count); 0 logs every "
+        "command, -1 none.",
+    ),
+    Directive(
+        name="slowlog-max-len", kind=Int(), default=128, minimum=0, maximum=LONG_MAX,
+        doc="Entries SLOWLOG keeps; the oldest go first.",
+    ),
+    Directive(
+        name="latency-monitor-threshold", kind=Int(), default=0, minimum=0, maximum=LONG_MAX,
+        doc="Record a LATENCY event for every command, eviction cycle, expiry cycle, arena copy "
+        "and PFXCHECK fork that takes at least this many milliseconds; 0 records none.",
+    ),
+    Directive(
+        name="acllog-max-len", kind=Int(), default=128, minimum=0, maximum=LONG_MAX,
+        doc="Entries ACL LOG keeps (denied commands, keys and AUTHs); the oldest go first.",
+    ),
+    Directive(
+        name="latency-tracking", kind=Bool(), default=True,
+        doc="Keep a latency histogram per command, shown by INFO latencystats.",
+    ),
+    Directive(
+        name="latency-tracking-info-percentiles", kind=Percentiles(), default=(50.0, 99.0, 99.9),
+        doc="The percentiles INFO latencystats shows for each command (interpolated within the "
+        "histogram buckets the metrics endpoint exports).",
+    ),
+    Directive(
+        name="enable-debug-command", kind=Enum(("no", "yes", "local")), default="no", mutable=False,
+        doc="Whether DEBUG (DEBUG SLEEP) may run: no, yes, or local (from loopback and unix "
+        "socket clients only), as in Redis.",
     ),
     # --- Redis compatibility: accepted so that Redis tools and configs work ---
     Directive(

@@ -54,17 +54,24 @@ def writes(spec: CommandSpec) -> bool:
     return "write" in spec.flags or "may_replicate" in spec.flags
 
 
+def log_denial(ctx: Context, reason: str, obj: str, username: str | None = None) -> None:
+    """An ACL LOG entry for a refusal (``reason``: command, key or auth) of this client."""
+    client = ctx.client
+    ctx.server.observers.acl_log.add(reason, "multi" if client.multi is not None else "toplevel", obj,
+                                     client.user if username is None else username, client.describe().rstrip())
+
+
 def _reject(ctx: Context, argv: list[bytes], reply: Error) -> Error:
     """A command refused before it ran: inside MULTI it flags the transaction, and a refused
     EXEC discards it (Redis's rejectCommand)."""
     client = ctx.client
     if client.multi is not None:
         client.multi.failed = True
-        if argv[0].lower() == b"exec":
-            client.multi = None
-            ctx.server.watches.unwatch(client.id)
-            message = reply.message[4:] if reply.message.startswith("ERR ") else reply.message
-            reply = Error(f"EXECABORT Transaction discarded because of: {message}")
+    if argv[0].lower() == b"exec":  # in MULTI or not, as redis-server answers it
+        client.multi = None
+        ctx.server.watches.unwatch(client.id)
+        message = reply.message[4:] if reply.message.startswith("ERR ") else reply.message
+        reply = Error(f"EXECABORT Transaction discarded because of: {message}")
     return reply
 
 
@@ -93,6 +100,8 @@ def execute(ctx: Context, argv: list[bytes]) -> Any:
     if server.acl.restricted:
         denied = server.acl.check(client.user, spec, argv)
         if denied is not None:
+            client.last_command = spec.fullname
+            log_denial(ctx, *server.acl.denial(client.user, spec, argv))
             stats.command(spec.fullname).rejected_calls += 1
             reply = _reject(ctx, argv, Error(denied))
             _record_error(stats, reply)
@@ -114,7 +123,7 @@ def execute(ctx: Context, argv: list[bytes]) -> Any:
         reply = spec.handler(ctx, argv)
     except Exception as exc:  # a bug must cost one reply, not the daemon
         reply = _internal_error(spec, exc)
-    _account(stats, spec, reply, start)
+    _account(ctx, spec, argv, reply, start)
     return reply
 
 
@@ -157,7 +166,7 @@ def call(ctx: Context, spec: CommandSpec, argv: list[bytes]) -> Any:
         reply = spec.handler(ctx, argv)
     except Exception as exc:  # a bug must cost one reply, not the daemon
         reply = _internal_error(spec, exc)
-    _account(ctx.server.stats, spec, reply, start)
+    _account(ctx, spec, argv, reply, start)
     return reply
 
 
@@ -173,7 +182,7 @@ async def call_async(ctx: Context, spec: CommandSpec, argv: list[bytes]) -> Any:
     finally:
         gate.running -= 1
         gate.finished()
-    _account(ctx.server.stats, spec, reply, start)
+    _account(ctx, spec, argv, reply, start)
     return reply
 
 
@@ -182,9 +191,15 @@ def _internal_error(spec: CommandSpec, exc: Exception) -> Error:
     return Error(f"ERR internal error in '{spec.fullname}': {type(exc).__name__}")
 
 
-def _account(stats: Stats, spec: CommandSpec, reply: Any, start: int) -> None:
+def _account(ctx: Context, spec: CommandSpec, argv: list[bytes], reply: Any, start: int) -> None:
+    server = ctx.server
+    stats = server.stats
+    micros = (_now() - start) // 1000
     stat = stats.commands.get(spec.fullname) or stats.command(spec.fullname)
-    stat.observe((_now() - start) // 1000)
+    stat.observe(micros)
+    observers = server.observers
+    if observers.monitors or micros >= observers.watch_us:
+        observers.ran(ctx.client, spec, argv, micros)
     stats.total_commands_processed += 1
     if reply.__class__ is Error:
         stat.failed_calls += 1

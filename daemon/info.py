@@ -21,6 +21,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from .stats import LATENCY_BOUNDS_USEC
+
 if TYPE_CHECKING:
     from .commands.context import ServerState
 
@@ -201,6 +203,46 @@ def _errorstats(server: ServerState) -> Iterable[str]:
     return [f"errorstat_{code}:count={count}" for code, count in server.stats.errors.items()]
 
 
+def _latencystats(server: ServerState) -> Iterable[str]:
+    """Redis 7's ``latency_percentiles_usec_<command>`` lines (``latency-tracking``,
+    ``latency-tracking-info-percentiles``). The percentiles come from each command's latency
+    histogram (the metrics endpoint's buckets), interpolated log-linearly inside a bucket: exact
+    to the bucket, not to the microsecond as Redis's HDR histogram is."""
+    config = server.config
+    if not config["latency-tracking"]:
+        return []
+    wanted = config["latency-tracking-info-percentiles"]
+    lines = []
+    for name, stat in server.stats.commands.items():
+        if not stat.calls:
+            continue
+        shown = ",".join(f"p{_percentile_label(p)}={percentile_usec(stat.latency, p):.3f}" for p in wanted)
+        lines.append(f"latency_percentiles_usec_{name}:{shown}")
+    return lines
+
+
+def _percentile_label(value: float) -> str:
+    return f"{value:.6f}".rstrip("0").rstrip(".")
+
+
+def percentile_usec(buckets: list[int], percentile: float) -> float:
+    """The ``percentile`` (0-100) of calls counted per bucket of LATENCY_BOUNDS_USEC."""
+    total = sum(buckets)
+    if not total:
+        return 0.0
+    rank = max(1.0, percentile / 100 * total)
+    seen = 0
+    bounds = (1.0, *map(float, LATENCY_BOUNDS_USEC))
+    for i, count in enumerate(buckets):
+        if count and seen + count >= rank:
+            low = bounds[i] if i < len(bounds) else bounds[-1]
+            high = bounds[i + 1] if i + 1 < len(bounds) else bounds[-1] * 4
+            fraction = (rank - seen) / count
+            return low * (high / low) ** fraction
+        seen += count
+    return float(LATENCY_BOUNDS_USEC[-1])
+
+
 def _cluster(server: ServerState) -> Fields:
     return [("cluster_enabled", 0)]
 
@@ -225,6 +267,7 @@ SECTIONS: dict[str, tuple[str, Callable[[ServerState], Iterable[Any]], bool]] = 
     "modules": ("Modules", _modules, True),
     "commandstats": ("Commandstats", _commandstats, False),
     "errorstats": ("Errorstats", _errorstats, True),
+    "latencystats": ("Latencystats", _latencystats, False),
     "cluster": ("Cluster", _cluster, True),
     "keyspace": ("Keyspace", _keyspace, True),
 }

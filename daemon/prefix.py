@@ -39,10 +39,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, NamedTuple
 
 import trio
 
+from .forked_check import check_in_child
 from .memory import MemoryAccount, MemoryFigures
 from .rwlock import RWLock
 from .store import PrefixStore
@@ -56,6 +58,10 @@ log = logging.getLogger("pfxcached")
 
 #: Copies at least this large go to a worker thread instead of blocking the loop.
 THREAD_COPY_THRESHOLD = 1 << 20
+#: PFXCHECK checks a store of at most this many pages and leases on the loop (a few ms), a
+#: larger one in a forked child (see forked_check.py).
+CHECK_INLINE_PAGES = 20_000
+CHECK_TIMEOUT_S = 600.0
 #: Leases a closing connection releases between two checkpoints (about 10 ms of work).
 RELEASE_SLICE = 10_000
 
@@ -121,6 +127,8 @@ class PrefixService:
         # (a mapped arena's copies happen in the workers and are not seen here).
         self.copied_in_bytes = 0
         self.copied_out_bytes = 0
+        #: Told of work that may stall clients: (event, milliseconds) for LATENCY (the server sets it).
+        self.latency_event: Any = lambda _event, _ms: None
         self.memory = MemoryAccount(self.store)  # after the store: its start-up heap is the baseline
         self._apply_policy(config["maxmemory-policy"])
         config.on_change("maxmemory-policy", lambda _old, new: self._apply_policy(new))
@@ -186,10 +194,14 @@ class PrefixService:
         self.store.expire()
         if paused:
             return
-        self.store.keys.expire_due()
+        start = time.perf_counter()
+        if self.store.keys.expire_due():
+            self.latency_event("expire-cycle", (time.perf_counter() - start) * 1000)
         low = self.arena.nblocks * self.config["evict-low-watermark"] // 100
         if low:
-            self.store.evict_to_watermark(low)
+            start = time.perf_counter()
+            if self.store.evict_to_watermark(low).evicted:
+                self.latency_event("eviction-cycle", (time.perf_counter() - start) * 1000)
 
     # -- the operations commands run -------------------------------------------------
 
@@ -297,22 +309,39 @@ class PrefixService:
             return self.store.evict_bytes(namespace, nbytes)
         return self.store.evict_all(namespace)
 
+    async def check(self) -> list[str]:
+        """PFXCHECK: every invariant of the store, as a list of violations (empty: consistent).
+
+        A small store is checked here, at once; a larger one in a forked copy of the
+        daemon (:mod:`.forked_check`), so a check of a million pages stalls no client."""
+        stats = self.store.stats()
+        if stats["pages"] + stats["leases"] <= CHECK_INLINE_PAGES:
+            return self.store.check()
+        return await check_in_child(self.store, timeout=CHECK_TIMEOUT_S,
+                                    on_fork=lambda ms: self.latency_event("fork", ms))
+
     # -- copies between requests and the arena ----------------------------------------
 
     async def copy_in(self, blocks: list[int], data: Any) -> None:
         """Copy ``data`` into ``blocks`` of the arena, off the loop when it is large."""
         self.copied_in_bytes += len(data)
+        start = time.perf_counter()
         if len(data) >= THREAD_COPY_THRESHOLD:
             await trio.to_thread.run_sync(self.arena.write, blocks, data)
         else:
             self.arena.write(blocks, data)
+        self.latency_event("arena-copy", (time.perf_counter() - start) * 1000)
 
     async def copy_out(self, blocks: list[int]) -> bytes:
         """The bytes of ``blocks``, concatenated, read off the loop when large."""
         self.copied_out_bytes += len(blocks) * self.arena.block_bytes
+        start = time.perf_counter()
         if len(blocks) * self.arena.block_bytes >= THREAD_COPY_THRESHOLD:
-            return await trio.to_thread.run_sync(self.arena.read, blocks)
-        return self.arena.read(blocks)
+            data = await trio.to_thread.run_sync(self.arena.read, blocks)
+        else:
+            data = self.arena.read(blocks)
+        self.latency_event("arena-copy", (time.perf_counter() - start) * 1000)
+        return data
 
     # -- the figures INFO, DBSIZE and PFXINFO read --------------------------------
 

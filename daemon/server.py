@@ -41,6 +41,7 @@ from .commands import (
     connection_commands,
     introspection,
     keyspace_commands,
+    observe_commands,
     prefix_commands,
     pubsub_commands,
     server_commands,
@@ -53,6 +54,7 @@ from .kv_event_service import KvEventService
 from .gate import CommandGate
 from .metrics import build_registry
 from .metrics_http import MetricsEndpoint
+from .observers import CommandObservers
 from .prefix import PrefixService
 from .process import ProcessMemory
 from .pubsub import PubSub
@@ -91,7 +93,7 @@ def build_command_table() -> CommandTable:
     """The command table with every handler module bound to its rows."""
     table = CommandTable.load()
     for module in (connection_commands, server_commands, introspection, prefix_commands, acl_commands,
-                   keyspace_commands, pubsub_commands, transaction_commands):
+                   keyspace_commands, pubsub_commands, transaction_commands, observe_commands):
         table.bind_module(module)
     return table
 
@@ -220,6 +222,8 @@ class Server:
         self.gate = CommandGate()
         #: The namespaces clients WATCH.
         self.watches = WatchRegistry()
+        #: MONITOR, SLOWLOG, LATENCY, ACL LOG.
+        self.observers = CommandObservers(config)
         #: ACL users; ``default`` follows requirepass, as in Redis.
         self.acl = AclUsers(self.commands)
         self.acl.set_default_password(config["requirepass"])
@@ -336,6 +340,7 @@ class Server:
                 listener.close()
             raise StartupError(f"Cannot create the block arena: {exc}") from exc
         self.watches.attach(self.prefix.store)
+        self.prefix.latency_event = self.observers.event
         try:
             self.kv_events.start()
         except ValueError as exc:
@@ -504,6 +509,7 @@ class Server:
                     client.pubsub.push.close()
                     trio.lowlevel.notify_closing(sock)  # wakes its push writer if it waits on the socket
                 self.watches.unwatch(client.id)
+                self.observers.monitors.remove(client.id)
                 sock.close()
                 # Leases belong to their connection: a worker that dies frees its pins. Shielded:
                 # a killed client's scope is cancelled, and its leases must go all the same.

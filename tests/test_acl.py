@@ -129,10 +129,12 @@ def test_acl_subcommands(tenants) -> None:
     admin = connect(tenants, protocol=2)
     digest = hashlib.sha256(b"pa").hexdigest()
     assert admin.execute_command("ACL", "USERS") == [b"default", b"tenant-a", b"tenant-b"]
+    # "-@admin" removes nothing from "+@pfx" since PFXCHECK left @pfx (issue 17): ACL LIST omits
+    # the rule, as redis-server omits "-@admin" after "+@read".
     assert admin.execute_command("ACL", "LIST") == [
         b"user default on nopass ~* &* +@all",
-        f"user tenant-a on #{digest} ~tenant-a:* resetchannels -@all +@pfx -@admin".encode(),
-        f"user tenant-b on #{hashlib.sha256(b'pb').hexdigest()} ~tenant-b:* resetchannels -@all +@pfx -@admin".encode(),
+        f"user tenant-a on #{digest} ~tenant-a:* resetchannels -@all +@pfx".encode(),
+        f"user tenant-b on #{hashlib.sha256(b'pb').hexdigest()} ~tenant-b:* resetchannels -@all +@pfx".encode(),
     ]
     assert admin.execute_command("ACL", "SETUSER", "tmp", "on", "nopass", "~x:*", "~y:*", "+ping", "+pfxget")
     assert admin.execute_command("ACL", "GETUSER", "tmp") == [

@@ -209,6 +209,10 @@ EXPECTED_DEFAULTS = {
     "kv-events-replay-buffer": 10000,
     "kv-events-queue-size": 100000,
     "kv-events-pubsub": False,
+    # operating it (issue 17)
+    "slowlog-log-slower-than": 10000, "slowlog-max-len": 128, "latency-monitor-threshold": 0,
+    "acllog-max-len": 128, "latency-tracking": True, "latency-tracking-info-percentiles": [50.0, 99.0, 99.9],
+    "enable-debug-command": "no",
 }
 
 
@@ -238,6 +242,8 @@ def test_mutability_matches_redis():
         "arena-device",
         # ours: the metrics endpoint is opened once, at start-up
         "metrics-port", "metrics-bind",
+        # immutable in redis-server too
+        "enable-debug-command",
     }
     assert {d.name for d in DIRECTIVES if d.protected} == {"dir"}
 
@@ -544,6 +550,7 @@ def test_get():
     assert {k: v for k, v in config.get([b"*max*"]).items() if config.lookup(k) in DIRECTIVES} == {
         "maxclients": "10000", "proto-max-bulk-len": "536870912", "maxmemory": "268435456",
         "maxmemory-policy": "guard", "prompt-max-tokens": "1048576",
+        "slowlog-max-len": "128", "acllog-max-len": "128",
     }
     assert config.get([b"TCP-*", b"*backlog"]) == {"tcp-backlog": "511", "tcp-keepalive": "300"}
     assert config.get([b"nosuch", b"no*such", b""]) == {}

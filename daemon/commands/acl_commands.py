@@ -1,4 +1,4 @@
-"""ACL commands: SETUSER, GETUSER, LIST, WHOAMI, DELUSER, USERS, CAT, HELP.
+"""ACL commands: SETUSER, GETUSER, LIST, WHOAMI, DELUSER, USERS, CAT, LOG, DRYRUN, SAVE, LOAD, HELP.
 
 Replies and error texts are redis-server 7.0's; the user model is
 :mod:`pfxcache.daemon.acl`.
@@ -6,13 +6,18 @@ Replies and error texts are redis-server 7.0's; the user model is
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 from pfxcache.protocol.replies import OK, Error, SimpleString
 
-from ..acl import AclError, valid_username
+from ..acl import AclError, load_acl_file, valid_username
 from . import handles
+from .connection_commands import NOT_AN_INTEGER, parse_integer
 from .context import Context
+
+log = logging.getLogger("pfxcached")
 from .spec import ACL_CATEGORIES
 
 
@@ -116,10 +121,18 @@ ACL_HELP = [
     "    when no category is specified.",
     "DELUSER <username> [<username> ...]",
     "    Delete a list of users.",
+    "DRYRUN <username> <command> [<arg> ...]",
+    "    Returns whether the user can execute the given command without executing the command.",
     "GETUSER <username>",
     "    Get the user's details.",
     "LIST",
     "    Show users details in config file format.",
+    "LOAD",
+    "    Reload users from the ACL file.",
+    "LOG [<count> | RESET]",
+    "    Show the ACL log entries.",
+    "SAVE",
+    "    Save the current config to the ACL file.",
     "SETUSER <username> <attribute> [<attribute> ...]",
     "    Create or modify a user with the specified attributes.",
     "USERS",
@@ -134,3 +147,96 @@ ACL_HELP = [
 @handles("acl|help")
 def acl_help(ctx: Context, argv: list[bytes]) -> Any:
     return [SimpleString(line) for line in ACL_HELP]
+
+
+# -- ACL LOG, DRYRUN, SAVE, LOAD ------------------------------------------------------------------
+
+NO_ACLFILE = Error(
+    "ERR This Redis instance is not configured to use an ACL file. You may want to specify users via the "
+    "ACL SETUSER command and then issue a CONFIG REWRITE (assuming you have a Redis configuration file set) "
+    "in order to store users in the Redis configuration."
+)
+
+
+@handles("acl|log")
+def acl_log(ctx: Context, argv: list[bytes]) -> Any:
+    log = ctx.server.observers.acl_log
+    if len(argv) > 3:
+        return Error("ERR unknown subcommand or wrong number of arguments for 'LOG'. Try ACL HELP.")
+    if len(argv) == 3:
+        if argv[2].lower() == b"reset":
+            log.reset()
+            return OK
+        count = parse_integer(argv[2])
+        if count is None:
+            return NOT_AN_INTEGER
+        return log.get(max(count, 0))
+    return log.get(10)
+
+
+@handles("acl|dryrun")
+def acl_dryrun(ctx: Context, argv: list[bytes]) -> Any:
+    acl, table = ctx.server.acl, ctx.server.commands
+    name = _text(argv[2])
+    if name not in acl.users:
+        return Error(f"ERR User '{name}' not found")
+    command = argv[3:]
+    spec = table.lookup(command)
+    if spec is None:
+        return Error(f"ERR Command '{_text(argv[3])}' not found")
+    if not spec.arity_ok(len(command)):
+        return Error(f"ERR wrong number of arguments for '{spec.fullname}' command")
+    if acl.check(name, spec, command) is None:
+        return OK
+    reason, obj = acl.denial(name, spec, command)
+    if reason == "key":
+        return f"This user has no permissions to access the '{obj}' key"
+    return f"This user has no permissions to run the '{obj}' command"
+
+
+def _aclfile(ctx: Context) -> str:
+    return ctx.server.config["aclfile"]
+
+
+@handles("acl|save")
+def acl_save(ctx: Context, argv: list[bytes]) -> Any:
+    path = _aclfile(ctx)
+    if not path:
+        return NO_ACLFILE
+    lines = acl_list(ctx, argv)
+    temporary = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(temporary, "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write("".join(line + "\n" for line in lines))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except OSError as exc:
+        log.warning("Opening temp ACL file for ACL SAVE: %s", exc)
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        return Error("ERR There was an error trying to save the ACLs. Please check the server logs for more "
+                     "information")
+    return OK
+
+
+@handles("acl|load")
+def acl_load(ctx: Context, argv: list[bytes]) -> Any:
+    path = _aclfile(ctx)
+    if not path:
+        return NO_ACLFILE
+    acl = ctx.server.acl
+    try:
+        users = load_acl_file(acl.commands, path)
+    except OSError as exc:
+        return Error(f"ERR Error loading ACLs, opening file '{path}': {exc.strerror}")
+    except ValueError as exc:
+        return Error(f"ERR {exc}")
+    acl.replace_users(users)
+    # As Redis: connections of users that changed or went away are closed.
+    for client in list(ctx.server.clients):
+        if client.user not in users and client is not ctx.client:
+            client.kill()
+    return OK

@@ -11,9 +11,11 @@ from typing import Any
 from pfxcache.protocol.redis_strings import string2ll
 from pfxcache.protocol.replies import OK, PONG, Error, SimpleString, Verbatim
 
-from ..clients import Client
+from ..clients import MUTE_OFF, Client
+from ..dispatch import log_denial
+from ..gate import PAUSE_ALL, PAUSE_WRITE
 from . import handles
-from .context import Context
+from .context import NO_REPLY, Context
 
 SYNTAX_ERROR = Error("ERR syntax error")
 NOT_AN_INTEGER = Error("ERR value is not an integer or out of range")
@@ -39,10 +41,12 @@ def _valid_name(raw: bytes) -> bool:
     return all(33 <= byte <= 126 for byte in raw)
 
 
-def authenticate(ctx: Context, username: bytes, password: bytes) -> bool:
-    """Check a user/password pair and mark the client authenticated on success."""
+def authenticate(ctx: Context, username: bytes, password: bytes, command: str = "AUTH") -> bool:
+    """Check a user/password pair and mark the client authenticated on success (a failure is
+    an ACL LOG entry naming ``command``, as redis-server names it)."""
     name = username.decode("utf-8", "surrogateescape")
     if not ctx.server.acl.authenticate(name, password):
+        log_denial(ctx, "auth", command, name)
         return False
     ctx.client.authenticated = True
     ctx.client.user = name
@@ -79,7 +83,7 @@ def hello(ctx: Context, argv: list[bytes]) -> Any:
         option = argv[position].lower()
         remaining = len(argv) - 1 - position
         if option == b"auth" and remaining >= 2:
-            if not authenticate(ctx, argv[position + 1], argv[position + 2]):
+            if not authenticate(ctx, argv[position + 1], argv[position + 2], "HELLO"):
                 return WRONGPASS
             position += 3
         elif option == b"setname" and remaining >= 1:
@@ -151,6 +155,8 @@ def reset(ctx: Context, argv: list[bytes]) -> Any:
     client.db = 0
     client.multi = None
     ctx.server.watches.unwatch(client.id)
+    ctx.server.observers.monitors.remove(client.id)
+    client.mute = 0
     client.name = ""
     client.user = "default"
     client.authenticated = not ctx.server.auth_required
@@ -186,6 +192,12 @@ CLIENT_HELP = [
     "    Return information about client connections. Options:",
     "    * TYPE (NORMAL|MASTER|REPLICA|PUBSUB)",
     "      Return clients of specified type.",
+    "UNPAUSE",
+    "    Stop the current client pause, resuming traffic.",
+    "PAUSE <timeout> [WRITE|ALL]",
+    "    Suspend all, or just write, clients for <timeout> milliseconds.",
+    "REPLY (ON|OFF|SKIP)",
+    "    Control the replies sent to the current connection.",
     "SETNAME <name>",
     "    Assign the name <name> to the current connection.",
     "NO-EVICT (ON|OFF)",
@@ -327,4 +339,51 @@ def _kill(ctx: Context, client: Client) -> None:
 def client_flag_on_off(ctx: Context, argv: list[bytes]) -> Any:
     if argv[2].lower() in (b"on", b"off"):
         return OK
+    return SYNTAX_ERROR
+
+
+# -- CLIENT PAUSE / UNPAUSE / REPLY ------------------------------------------------------
+
+
+@handles("client|pause")
+def client_pause(ctx: Context, argv: list[bytes]) -> Any:
+    if len(argv) > 4:
+        return Error("ERR unknown subcommand or wrong number of arguments for 'PAUSE'. Try CLIENT HELP.")
+    timeout = parse_integer(argv[2])
+    if timeout is None:
+        return Error("ERR timeout is not an integer or out of range")
+    if timeout < 0:
+        return Error("ERR timeout is negative")
+    kind = PAUSE_ALL
+    if len(argv) == 4:
+        mode = argv[3].lower()
+        if mode == b"write":
+            kind = PAUSE_WRITE
+        elif mode != b"all":
+            return Error("ERR CLIENT PAUSE mode must be WRITE or ALL")
+    ctx.server.gate.pause(kind, timeout)
+    return OK
+
+
+@handles("client|unpause")
+def client_unpause(ctx: Context, argv: list[bytes]) -> Any:
+    ctx.server.gate.unpause()
+    return OK
+
+
+@handles("client|reply")
+def client_reply(ctx: Context, argv: list[bytes]) -> Any:
+    """ON answers +OK; OFF and SKIP answer nothing (SKIP also mutes the next command's reply)."""
+    client = ctx.client
+    mode = argv[2].lower()
+    if mode == b"on":
+        client.mute = 0
+        return OK
+    if mode == b"off":
+        client.mute = MUTE_OFF
+        return NO_REPLY
+    if mode == b"skip":
+        if client.mute != MUTE_OFF:
+            client.mute = 2  # this command's (empty) reply and the next one's
+        return NO_REPLY
     return SYNTAX_ERROR

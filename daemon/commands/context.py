@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # types only: nothing here is needed at import time
     from ..config import Config
     from ..kv_event_service import KvEventService
     from ..gate import CommandGate
+    from ..observers import CommandObservers
     from ..prefix import PrefixService
     from ..process import ProcessMemory
     from ..pubsub import PubSub
@@ -48,6 +49,7 @@ class ServerState(Protocol):
     clients: ClientRegistry
     gate: CommandGate
     watches: WatchRegistry
+    observers: CommandObservers
     acl: AclUsers
     #: The prefix store service; set before the first client connects.
     prefix: PrefixService

@@ -17,6 +17,7 @@ import numpy as np
 from pfxcache.protocol.replies import OK, Error
 
 from ..block_ids import block_ids_reply
+from ..forked_check import CheckFailed
 from ..prefix import PrefixService
 from ..store.errors import StoreError
 from . import handles
@@ -271,11 +272,25 @@ def pfxinfo(ctx: Context, argv: list[bytes]) -> Any:
 
 
 @handles("pfxcheck")
+async def pfxcheck_command(ctx: Context, argv: list[bytes]) -> Any:
+    """PFXCHECK: the service checks a large store in a forked copy, so no client waits for it."""
+    try:
+        problems = await _service(ctx).check()
+    except CheckFailed as exc:
+        return Error(f"ERR PFXCHECK could not complete: {exc}")
+    return check_reply(problems)
+
+
 def pfxcheck(ctx: Context, argv: list[bytes]) -> Any:
-    """Verify every invariant of the store (like Redis's DEBUG family): +OK or -ERR listing the violations."""
+    """Verify every invariant of the store (like Redis's DEBUG family) here and now: +OK or -ERR
+    listing the violations."""
     # The invariants are the store core's own (each part's check()), read with no lock:
     # the check is synchronous, so it sees the store between two awaits, consistent.
-    problems = _service(ctx).store.check()
+    return check_reply(_service(ctx).store.check())
+
+
+def check_reply(problems: list[str]) -> Any:
+    """+OK, or one -ERR line listing (the first 20 of) the violations."""
     if not problems:
         return OK
     shown = problems[:20]

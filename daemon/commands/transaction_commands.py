@@ -24,6 +24,7 @@ NESTED = Error("ERR MULTI calls can not be nested")
 EXEC_WITHOUT_MULTI = Error("ERR EXEC without MULTI")
 DISCARD_WITHOUT_MULTI = Error("ERR DISCARD without MULTI")
 WATCH_INSIDE_MULTI = Error("ERR WATCH inside MULTI is not allowed")
+MONITOR_IN_EXEC = Error("ERR MONITOR isn't allowed for DENY BLOCKING client")
 ACL_CHANGED = (
     "NOPERM ACLs rules changed between the moment the transaction was accumulated and the EXEC call. "
     "This command is no longer allowed for the following reason: {}"
@@ -115,4 +116,7 @@ def _run_sync(ctx: Context, spec: Any, argv: list[bytes]) -> Any:
     if denied is not None:
         ctx.server.stats.error("NOPERM")
         return denied
+    if spec.fullname == "monitor":  # Redis refuses to turn a transaction's client into a monitor
+        ctx.server.stats.error("ERR")
+        return MONITOR_IN_EXEC
     return call(ctx, spec, argv)
