@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from ..arena import kv_buffer
 from .layout import PageGeometry
 from .once import LogOnce
 from .plan import LoadJob, StepPlan, WorkerReport
@@ -254,7 +255,10 @@ class WorkerHalf:
             numel *= size
         buffer = self._buffers.get(like.device)
         if buffer is None or buffer.numel() < numel:
-            buffer = torch.empty(numel, dtype=like.dtype, device=like.device)
+            if like.device.type == "cpu":  # page-aligned: copies to and from the arena run at memcpy speed
+                buffer = kv_buffer(numel, like.dtype)
+            else:
+                buffer = torch.empty(numel, dtype=like.dtype, device=like.device)
             self._buffers[like.device] = buffer
         return buffer[:numel].view(shape)
 
@@ -429,7 +433,7 @@ class WorkerHalf:
                 else:
                     if self.tp_size > 1:
                         raise RuntimeError("storing over RESP needs whole pages: not with tensor parallelism")
-                    buffer = torch.empty((len(job.vllm_blocks), *self.geometry.shape), dtype=self._dtype)
+                    buffer = kv_buffer((len(job.vllm_blocks), *self.geometry.shape), self._dtype)
                     moved = self._from_vllm(job.vllm_blocks, buffer, list(range(len(job.vllm_blocks))))
                     self._connection(plan.url).store(job.namespace, job.tokens, buffer.view(torch.uint8).numpy(),
                                                      offset=job.first_page * self.geometry.page_size)
