@@ -1,8 +1,9 @@
 """Views of the daemon's arena mapped into a worker process (zero-copy).
 
 The daemon describes its arena in PFXINFO (``backend``, ``path``, ``size``,
-``block_bytes``, ``nblocks``). For ``backend == "shm"`` the worker maps the
-same ``/dev/shm`` file: every block is then plain memory shared with the
+``block_bytes``, ``nblocks``, ``inode``). For ``backend == "shm"`` the worker maps
+the daemon's sealed memfd through its ``/proc/<pid>/fd/<n>`` path (checking the
+inode, so a stale or foreign file is refused): every block is then plain memory shared with the
 daemon and every other worker, seen here as a ``(nblocks, block_bytes)``
 uint8 numpy array (and CPU torch tensors over it, without a copy). For
 ``backend == "cuda"`` the view comes from :mod:`pfxcache.client.cuda`

@@ -103,7 +103,7 @@ class MemoryAccount:
 
     @staticmethod
     def _heap(status: dict[str, int]) -> int:
-        # Both arenas are shared mappings (a /dev/shm file, or mmap(-1)'s MAP_SHARED anonymous
+        # Both arenas are shared mappings (a memfd, or mmap(-1)'s MAP_SHARED anonymous
         # memory for "memory"), so their pages count in RssShmem, never in RssAnon.
         return status.get("RssAnon", 0)
 
