@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -197,11 +196,15 @@ def compare(seconds: float = 1.0, repeat: int = 3) -> dict:
     for _ in range(repeat):
         theirs.append(run_mooncake(seconds))
         ours.append(run_pfxcache(seconds))
-    pick = lambda runs: sorted(runs, key=lambda r: r["p50_ms"])[len(runs) // 2]  # noqa: E731
-    row = {"pfxcache": pick(ours), "mooncake": pick(theirs), "runs": repeat}
+    row = {"pfxcache": _median_run(ours), "mooncake": _median_run(theirs), "runs": repeat}
     row["latency_ratio"] = row["mooncake"]["p50_ms"] / row["pfxcache"]["p50_ms"]
     row["throughput_ratio"] = row["pfxcache"]["gb_per_s"] / row["mooncake"]["gb_per_s"]
     return row
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run with the median p50 latency."""
+    return sorted(runs, key=lambda r: r["p50_ms"])[len(runs) // 2]
 
 
 def report(row: dict) -> list[str]:
