@@ -84,7 +84,8 @@ class Client:
         now = time.monotonic()
         subs = self.pubsub
         sub, psub, ssub = (len(subs.channels), len(subs.patterns), len(subs.shard_channels)) if subs else (0, 0, 0)
-        flags = ("P" if sub or psub or ssub else "") + ("U" if self.is_unix else "") or "N"
+        flags = (("P" if sub or psub or ssub else "") + ("x" if self.multi is not None else "")
+                 + ("U" if self.is_unix else "")) or "N"
         return (
             f"id={self.id} addr={self.addr} laddr={self.laddr} fd={self.fd} name={self.name} "
             f"age={int(now - self.created)} idle={int(now - self.last_interaction)} "

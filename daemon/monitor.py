@@ -42,10 +42,11 @@ def monitor_line(now: float, client: Any, argv: list[bytes]) -> bytes:
 class Monitors:
     """The clients in MONITOR mode, each with its push queue."""
 
-    __slots__ = ("_queues",)
+    __slots__ = ("_queues", "_changed")
 
-    def __init__(self) -> None:
+    def __init__(self, changed: Any = lambda: None) -> None:
         self._queues: dict[int, Any] = {}
+        self._changed = changed  # told when the first monitor comes or the last one goes
 
     def __bool__(self) -> bool:
         return bool(self._queues)
@@ -55,9 +56,11 @@ class Monitors:
 
     def add(self, client_id: int, queue: Any) -> None:
         self._queues[client_id] = queue
+        self._changed()
 
     def remove(self, client_id: int) -> None:
-        self._queues.pop(client_id, None)
+        if self._queues.pop(client_id, None) is not None:
+            self._changed()
 
     def __contains__(self, client_id: int) -> bool:
         return client_id in self._queues

@@ -1,10 +1,10 @@
 """What watches the commands run: MONITOR, SLOWLOG, LATENCY, and the ACL LOG of refusals.
 
 One :class:`CommandObservers` per server, fed by dispatch after every call
-(:meth:`CommandObservers.ran`). The hot path pays one truth test and one
-comparison: monitors are rare, and a command is looked at further only when
-it ran for at least the lowest of ``slowlog-log-slower-than`` and
-``latency-monitor-threshold``.
+(:meth:`CommandObservers.ran`). The hot path pays one comparison: a command
+is looked at further only when it ran for at least :attr:`watch_us`, the
+lowest of ``slowlog-log-slower-than`` and ``latency-monitor-threshold``, or 0
+while a client is in MONITOR mode.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ NEVER = float("inf")
 class CommandObservers:
     def __init__(self, config: Any) -> None:
         self.config = config
-        self.monitors = Monitors()
         self.slowlog = SlowLog(config["slowlog-max-len"])
         self.latency = LatencyMonitor(config["latency-monitor-threshold"])
+        self._slower_than = config["slowlog-log-slower-than"]
+        self.monitors = Monitors(self._refresh)
         self.acl_log = AclLog(config["acllog-max-len"])
         #: Microseconds from which a command is looked at (slow log or latency event).
         self.watch_us: float = NEVER
-        self._slower_than = config["slowlog-log-slower-than"]
         config.on_change("slowlog-log-slower-than", lambda _old, new: self._set_slower_than(new))
         config.on_change("slowlog-max-len", lambda _old, new: self.slowlog.set_max_len(new))
         config.on_change("latency-monitor-threshold", lambda _old, new: self._set_latency_threshold(new))
@@ -51,7 +51,7 @@ class CommandObservers:
     def _refresh(self) -> None:
         slow = self._slower_than if self._slower_than >= 0 else NEVER
         latency = self.latency.threshold_ms * 1000 if self.latency.threshold_ms > 0 else NEVER
-        self.watch_us = min(slow, latency)
+        self.watch_us = 0 if self.monitors else min(slow, latency)
 
     @property
     def slower_than(self) -> int:

@@ -420,3 +420,17 @@ def test_redis_py_asyncio(pfx) -> None:
             await r.aclose()
 
     asyncio.run(main())
+
+
+def test_info_everything_has_every_section_of_redis_server_in_its_order(pfx, ref) -> None:
+    def titles(port: int, *args: str) -> list[str]:
+        conn = Raw(port)
+        text = conn.call("INFO", *args).decode()
+        conn.close()
+        return [line[2:] for line in text.split("\r\n") if line.startswith("# ")]
+
+    for args in (("everything",), ("all",), (), ("default",), ("latencystats",), ("commandstats", "cpu")):
+        ours, theirs = titles(pfx.port, *args), titles(ref.port, *args)
+        assert ours[:len(theirs)] == theirs, args  # then the module-style sections (# pfxcache ...)
+    lines = redis.Redis(port=pfx.port).info("latencystats")
+    assert any(name.startswith("latency_percentiles_usec_") for name in lines)

@@ -243,10 +243,10 @@ def test_client_list_shows_the_queued_commands_as_redis_server(pfx, redis_server
         conn.call("PING")
         conn.call("PING")
         line = next(c for c in other.client_list() if c["name"] == "tx")
-        assert line["multi"] == "2", port
+        assert (line["multi"], line["flags"]) == ("2", "x"), port
         conn.call("DISCARD")
         line = next(c for c in other.client_list() if c["name"] == "tx")
-        assert line["multi"] == "-1", port
+        assert (line["multi"], line["flags"]) == ("-1", "N"), port
         other.close()
         conn.close()
 
