@@ -314,11 +314,11 @@ def test_a_slow_writer_renews_its_lease_and_commits(fresh_daemon):
     cache = PrefixCache.from_url(f"redis://{daemon.host}:{daemon.port}/0", attach=True)
     admin = redis.Redis(host=daemon.host, port=daemon.port, protocol=3)
     cache.attach()
-    allocation = cache.alloc("slow", 2, ttl_ms=200)
-    for _ in range(4):  # a prefill of ~4 x 100 ms, twice the TTL, renewing as it goes
+    allocation = cache.alloc("slow", 2, ttl_ms=1000)
+    for _ in range(3):  # a prefill of ~3 x 500 ms, past the TTL, renewing as it goes
         start = ticks(admin)
-        wait_for(lambda: ticks(admin) - start >= 10, 10, "ten ticks (about 100 ms)")
-        assert cache.renew(allocation, 200)
+        wait_for(lambda: ticks(admin) - start >= 50, 10, "fifty ticks (about 500 ms)")
+        assert cache.renew(allocation, 1000)
     cache.arena.write_from(allocation.blocks, b"s" * (2 * BB3))
     assert cache.commit("slow", list(range(8)), allocation).stored == 2
     assert cache.release(allocation) == 1
