@@ -277,6 +277,12 @@ DIRECTIVES: tuple[Directive, ...] = (
         "counted (INFO kv_events_dropped) rather than slowing the daemon.",
     ),
     Directive(
+        name="kv-events-hwm", kind=Int(), default=100000, minimum=0, maximum=INT_MAX,
+        doc="Batches the PUB socket queues for one subscriber that does not keep up (ZMQ's send "
+        "high-water mark, as vLLM's hwm); past it that subscriber misses batches, sees the gap in seq and "
+        "can replay them. 0: no limit. CONFIG SET rebinds the sockets.",
+    ),
+    Directive(
         name="kv-events-pubsub", kind=Bool(), default=False,
         doc="Also publish the store's events on Redis pub/sub, one channel per namespace: "
         "__kvevents@0__:<namespace>, with messages \"stored <parent|-> <hash> ...\", "

@@ -71,6 +71,7 @@ class KvEventService:
         config = self.config
         config.on_change("kv-events-endpoint", self._rebind)
         config.on_change("kv-events-replay-endpoint", self._rebind)
+        config.on_change("kv-events-hwm", self._rebind)
         config.on_change("kv-events-topic", lambda _old, new: self._set("topic", new))
         config.on_change("kv-events-queue-size", lambda _old, new: self._set("queue_size", new))
         config.on_change("kv-events-replay-buffer", self._resize_replay)
@@ -104,6 +105,7 @@ class KvEventService:
             endpoint=config["kv-events-endpoint"], replay_endpoint=config["kv-events-replay-endpoint"],
             topic=config["kv-events-topic"], page_size=prefix.store.page_size, medium=medium,
             queue_size=config["kv-events-queue-size"], replay_buffer=config["kv-events-replay-buffer"],
+            hwm=config["kv-events-hwm"],
         )
 
     def _attach(self) -> None:

@@ -107,13 +107,15 @@ class KvEventPublisher:
     """
 
     def __init__(self, *, endpoint: str, replay_endpoint: str = "", topic: str = "", page_size: int,
-                 medium: str = "CPU", queue_size: int = 100_000, replay_buffer: int = 10_000) -> None:
+                 medium: str = "CPU", queue_size: int = 100_000, replay_buffer: int = 10_000,
+                 hwm: int = 100_000) -> None:
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
         self.topic = topic
         self.page_size = page_size
         self.medium = medium
         self.queue_size = queue_size
+        self.hwm = hwm
         self._pending: collections.deque = collections.deque()  # events for the thread (append/popleft are atomic)
         self._wakeup = threading.Event()
         self._idle = True  # the thread sleeps on _wakeup: the next event must set it
@@ -181,10 +183,14 @@ class KvEventPublisher:
         try:
             pub = context.socket(zmq.PUB)
             pub.setsockopt(zmq.LINGER, 0)
+            pub.setsockopt(zmq.SNDHWM, self.hwm)
             pub.bind(self.endpoint)
             if self.replay_endpoint:
                 router = context.socket(zmq.ROUTER)
                 router.setsockopt(zmq.LINGER, 0)
+                # A replay answers with up to kv-events-replay-buffer batches at once: a ROUTER drops
+                # what is past its high-water mark, which would leave the consumer's catch-up short.
+                router.setsockopt(zmq.SNDHWM, 0)
                 router.bind(self.replay_endpoint)
         except zmq.ZMQError as exc:
             for sock in (pub, router):

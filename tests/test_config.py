@@ -208,6 +208,7 @@ EXPECTED_DEFAULTS = {
     "kv-events-topic": "",
     "kv-events-replay-buffer": 10000,
     "kv-events-queue-size": 100000,
+    "kv-events-hwm": 100000,
     "kv-events-pubsub": False,
     # operating it (issue 17)
     "slowlog-log-slower-than": 10000, "slowlog-max-len": 128, "latency-monitor-threshold": 0,

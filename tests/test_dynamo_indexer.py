@@ -15,6 +15,9 @@ from __future__ import annotations
 import itertools
 import os
 import random
+import re
+import signal
+import struct
 import time
 
 import pytest
@@ -37,13 +40,14 @@ _barrier = itertools.count(1)
 
 
 class Fleet:
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, page=PAGE, blocks=BLOCKS, *extra):
+        self.page = page
         self.pub = f"tcp://127.0.0.1:{free_port()}"
         self.replay = f"tcp://127.0.0.1:{free_port()}"
         self.daemon = start_daemon(
-            "--arena", "memory", "--maxmemory", str(BLOCKS * BLOCK_BYTES), "--block-bytes", str(BLOCK_BYTES),
-            "--page-size", str(PAGE), "--evict-low-watermark", "0", "--kv-events-endpoint", self.pub,
-            "--kv-events-replay-endpoint", self.replay, "--kv-events-replay-buffer", "1000000")
+            "--arena", "memory", "--maxmemory", str(blocks * BLOCK_BYTES), "--block-bytes", str(BLOCK_BYTES),
+            "--page-size", str(page), "--evict-low-watermark", "0", "--kv-events-endpoint", self.pub,
+            "--kv-events-replay-endpoint", self.replay, "--kv-events-replay-buffer", "1000000", *extra)
         self.r = redis.Redis(*self.daemon.address, protocol=2)
         self.tmp_path = tmp_path
         self.indexer = None
@@ -52,10 +56,11 @@ class Fleet:
     def start_indexer(self):
         self.indexers += 1
         self.indexer = start_indexer(str(self.tmp_path / f"indexer-{self.indexers}.log"))
-        self.indexer.register(1, self.pub, replay_endpoint=self.replay, block_size=PAGE)
+        self.indexer.register(1, self.pub, replay_endpoint=self.replay, block_size=self.page)
 
     def store(self, ns, ids):
-        return self.r.execute_command("PFXSET", ns, "TOKENS", *ids, "DATA", b"\0" * (len(ids) // PAGE * BLOCK_BYTES))
+        data = b"\0" * (len(ids) // self.page * BLOCK_BYTES)
+        return self.r.execute_command("PFXSET", ns, "PACKED", struct.pack(f"<{len(ids)}I", *ids), "DATA", data)
 
     def matched(self, ns, ids) -> int:
         return self.r.execute_command("PFXGET", ns, "TOKENS", *ids, "NOLEASE")[1]
@@ -65,10 +70,10 @@ class Fleet:
         connecting misses what is sent meanwhile, so one barrier alone could go unseen forever)."""
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            ids = [10**6 + next(_barrier)] * PAGE
+            ids = [10**6 + next(_barrier)] * self.page
             self.store("barrier", ids)
             try:
-                wait_for(lambda: self.indexer.query(ids, "barrier").get(1, 0) == PAGE, 1, "a barrier")
+                wait_for(lambda: self.indexer.query(ids, "barrier").get(1, 0) == self.page, 1, "a barrier")
                 return
             except AssertionError:
                 continue
@@ -184,3 +189,40 @@ def test_indexer_catches_up_through_the_replay_socket(fleet):
     fleet.compare(probes)
     assert fleet.r.info("kvevents")["kv_events_replay_requests"] > replays
     assert "Gap detected" in fleet.indexer.log()
+
+
+def test_indexer_recovers_a_gap_in_the_live_stream(tmp_path):
+    """The indexer stops reading (SIGSTOP) while far more is published than ZMQ queues for it
+    (kv-events-hwm 10 batches) and the sockets buffer (~44 MiB against a few): its PUB pipe drops,
+    so on SIGCONT it sees the sequence jump, asks the replay socket for the batches it lost, and
+    ends up where PFXGET is."""
+    page = 16
+    fleet = Fleet(tmp_path, page, 1024, "--kv-events-hwm", "10")
+    try:
+        fleet.start_indexer()
+        rng = random.Random(7)
+        stems = [[rng.randrange(50) for _ in range(page * 4)] for _ in range(4)]
+        fleet.store("tenant-a", stems[0])
+        fleet.compare([("tenant-a", stems[0])])
+        os.kill(fleet.indexer.proc.pid, signal.SIGSTOP)
+        try:
+            # ~2000 x 20 KiB of BlockStored (4096 token ids each) plus their BlockRemoved.
+            recent = []
+            for i in range(2000):
+                ids = [i + 100] + [rng.randrange(2**31) for _ in range(4095)]
+                fleet.store("tenant-a", ids)
+                recent = (recent + [ids])[-5:]
+            wait_for(lambda: fleet.r.info("kvevents")["kv_events_queue_length"] == 0, 60, "the queue to drain")
+        finally:
+            os.kill(fleet.indexer.proc.pid, signal.SIGCONT)
+        for stem in stems:
+            fleet.store("tenant-b", stem)
+        probes = [(ns, stem[: rng.randint(1, len(stem))]) for ns in ("tenant-a", "tenant-b") for stem in stems]
+        probes += [("tenant-a", ids[: rng.randint(1, len(ids))]) for ids in recent]
+        fleet.compare(probes)
+        gaps = [int(m) for m in re.findall(r"Gap detected: expected seq (\d+)", fleet.indexer.log())]
+        assert any(seq > 0 for seq in gaps), "no gap in the live stream: nothing was dropped for the indexer"
+        assert fleet.r.info("kvevents")["kv_events_replay_requests"] >= 1
+    finally:
+        fleet.stop()
+
