@@ -155,7 +155,7 @@ def _wait(predicate, timeout: float) -> bool:
     return predicate()
 
 
-@pytest.mark.parametrize("policy", ["hybrid", "reuse"])
+@pytest.mark.parametrize("policy", ["hybrid", "reuse", "guard"])
 def test_soak_mixed_load_with_abrupt_clients_and_killed_workers(policy):
     daemon = start_daemon(*ARGS, "--maxmemory-policy", policy)
     try:

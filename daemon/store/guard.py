@@ -99,7 +99,7 @@ class PageSampler:
     def sample(self, scope: bytes, tokens: bytes, npages: int) -> tuple[bytes, np.ndarray]:
         """(the sampled pages as packed one-token pages, their depths) of the first ``npages`` pages."""
         pages = np.frombuffer(tokens, np.uint32, npages * self.page_tokens).reshape(npages, self.page_tokens)
-        h = (pages * self._coef).sum(axis=1, dtype=np.uint64)  # uint64 arithmetic wraps: a hash
+        h = pages.astype(np.uint64) @ self._coef  # a hash of each page (uint64 arithmetic wraps)
         h *= self._multipliers(npages)  # the page's depth is part of its identity
         x = np.cumsum(h, dtype=np.uint64)  # ... and so is every page before it
         x += np.uint64(zlib.crc32(scope) + 1)
