@@ -231,3 +231,18 @@ def test_store_events_on_pubsub_channels():
         sub.close()
     finally:
         d.stop()
+
+
+def test_changing_the_events_sinks_leaves_watch_working(daemon):
+    """The store's KV events listener and WATCH's callback are apart: a CONFIG SET of the
+    kv-events directives (which resets the listener) must not make a WATCH miss a change."""
+    watcher = redis.Redis(*daemon.address, protocol=2)
+    writer = redis.Redis(*daemon.address, protocol=2)
+    pipe = watcher.pipeline()
+    pipe.watch("ns")
+    writer.config_set("kv-events-pubsub", "yes")
+    pfxset(writer, "ns", [5] * PAGE)
+    pipe.multi()
+    pipe.ping()
+    with pytest.raises(redis.WatchError):
+        pipe.execute()

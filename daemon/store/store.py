@@ -100,7 +100,9 @@ class PrefixStore(StoreFigures):
         self.inserts = 0
         self.stored = 0
         self._events: StoreEvents | None = None  # KV events listener (events.py); None: events off
-        self.touched = None  # WATCH's callback (see set_events); None: nobody watches
+        #: Called with a namespace's name when a page enters or leaves it, or its expiry changes
+        #: (what WATCH watches); None: nobody watches (the daemon sets it only while someone does).
+        self.touched = None
 
     # -- KV events ------------------------------------------------------------------------------
 
@@ -111,10 +113,7 @@ class PrefixStore(StoreFigures):
 
     def set_events(self, sink: StoreEvents | None) -> None:
         """Set (or with None remove) the KV events listener; it hears only of changes from now on."""
-        self._events = sink
-        #: Called with a namespace's name when a page enters or leaves it, or its expiry changes
-        #: (what WATCH watches); None: nobody watches (the daemon sets it only while someone does).
-        self.touched = None
+        self._events = sink  # WATCH's ``touched`` is apart: changing the listener leaves it alone
 
     # -- argument handling ----------------------------------------------------------------------
 
