@@ -219,12 +219,18 @@ class AclUsers:
 
     def denial(self, username: str, spec: Any, argv: list[bytes]) -> tuple[str, str]:
         """Why :meth:`check` refused ``argv``, as ACL LOG records it: ("command", the command's
-        full name) or ("key", the first key refused)."""
+        full name), ("key", the first key refused) or ("channel", the first channel refused)."""
         user = self.users.get(username)
         if user is not None and (spec.fullname in user.allowed or "no_auth" in spec.flags):
-            for position, _flags in spec.keys(argv) or ():
+            for position, _flags in (spec.keys(argv) or ()) if not user.all_keys else ():
                 if not user.key_allowed(argv[position]):
                     return "key", argv[position].decode("utf-8", "surrogateescape")
+            channels = CHANNEL_ARGS.get(spec.fullname)
+            if channels is not None and not user.all_channels:
+                first, last, is_pattern = channels
+                for channel in argv[first:last]:
+                    if not user.channel_allowed(channel, is_pattern):
+                        return "channel", channel.decode("utf-8", "surrogateescape")
         return "command", spec.fullname
 
     # -- changes ---------------------------------------------------------------------

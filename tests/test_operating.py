@@ -330,14 +330,16 @@ def _mask_acl_log(reply: bytes) -> bytes:
 
 ACL_SEQUENCE = [
     ("ACL", "LOG", "RESET"),
-    ("ACL", "SETUSER", "tenant", "on", ">pw", "+exists", "+ttl", "+acl|whoami", "~a*"),
+    ("ACL", "SETUSER", "tenant", "on", ">pw", "+exists", "+ttl", "+acl|whoami", "+publish", "~a*", "&news*"),
     ("AUTH", "tenant", "bad"), ("AUTH", "tenant", "bad"), ("HELLO", "2", "AUTH", "nobody", "x"),
     ("AUTH", "tenant", "pw"), ("EXISTS", "a1"), ("EXISTS", "b1"), ("EXISTS", "a2", "b2"), ("DBSIZE",),
+    ("PUBLISH", "news1", "x"), ("PUBLISH", "sports", "x"),
     ("MULTI",), ("DBSIZE",), ("TTL", "zz"), ("EXEC",),
     ("AUTH", "default", "x"),
     ("ACL", "DRYRUN", "tenant", "exists", "a"), ("ACL", "DRYRUN", "tenant", "exists", "b"),
     ("ACL", "DRYRUN", "tenant", "dbsize"), ("ACL", "DRYRUN", "tenant", "acl", "whoami"),
     ("ACL", "DRYRUN", "tenant", "acl", "list"), ("ACL", "DRYRUN", "tenant", "ttl"),
+    ("ACL", "DRYRUN", "tenant", "publish", "sports", "x"), ("ACL", "DRYRUN", "tenant", "publish", "news2", "x"),
     ("ACL", "LOG"), ("ACL", "LOG", "2"), ("ACL", "LOG", "0"),
     ("CONFIG", "SET", "acllog-max-len", "1"), ("ACL", "LOG"), ("CONFIG", "SET", "acllog-max-len", "128"),
     ("ACL", "DELUSER", "tenant"), ("ACL", "LOG", "RESET"), ("ACL", "LOG"),

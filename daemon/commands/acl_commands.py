@@ -189,8 +189,8 @@ def acl_dryrun(ctx: Context, argv: list[bytes]) -> Any:
     if acl.check(name, spec, command) is None:
         return OK
     reason, obj = acl.denial(name, spec, command)
-    if reason == "key":
-        return f"This user has no permissions to access the '{obj}' key"
+    if reason in ("key", "channel"):
+        return f"This user has no permissions to access the '{obj}' {reason}"
     return f"This user has no permissions to run the '{obj}' command"
 
 
