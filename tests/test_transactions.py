@@ -428,3 +428,29 @@ def test_redis_cli_runs_a_transaction_as_with_redis_server(pfx, redis_server) ->
                               timeout=20).stdout for port in (pfx.port, redis_server.port)]
     assert outputs[0] == outputs[1]
     assert "QUEUED" in outputs[0] and "EXEC without MULTI" in outputs[0]
+
+
+def test_a_touch_by_a_command_under_way_when_exec_came_aborts_it(fresh_daemon) -> None:
+    """WATCH, then a PFXSET of the watched namespace is copying in a worker thread when EXEC
+    arrives: EXEC waits for it, sees the touch and answers null. Were the WATCH checked before
+    waiting, the EXEC would run and its PFXGET would see the pages the PFXSET stored."""
+    daemon = fresh_daemon(*BIG)
+    page = 1 << 18
+    tokens = [str(t) for t in range(1, 33)]  # 8 pages: 2 MiB copied off the loop
+    loader, tx = Raw(daemon.port), Raw(daemon.port)
+    try:
+        for _ in range(8):
+            loader.call("FLUSHALL")
+            tx.call("WATCH", "ns")
+            tx.call("MULTI")
+            tx.call("PFXGET", "ns", "TOKENS", *tokens, "NOLEASE")
+            loader.send("PFXSET", "ns", "TOKENS", *tokens, "DATA", b"a" * (8 * page))
+            tx.send("EXEC")
+            loader.read()
+            reply = tx.read()
+            # Either the EXEC ran first (it saw nothing) or it saw the touch (null): never both
+            # "ran" and "saw the pages".
+            assert reply == b"*-1\r\n" or b"matched\r\n:0\r\n" in reply, reply[:80]
+    finally:
+        loader.close()
+        tx.close()

@@ -78,17 +78,15 @@ async def exec_(ctx: Context, argv: list[bytes]) -> Any:
     if queued.failed:
         watches.unwatch(client.id)
         return Error(EXECABORT)
-    keys = server.prefix.store.keys
-    for name in list(watches.watched(client.id)):
-        keys.live(name)  # a watched namespace whose expiry came meanwhile is deleted: a touch
-    touched = watches.is_dirty(client.id)
-    watches.unwatch(client.id)
-    if touched:
-        return NULL_ARRAY
     if not queued.any_async:
         # Synchronous handlers never yield: the queue runs with no other client in between.
+        if _touched(ctx):
+            return NULL_ARRAY
         return [_run_sync(ctx, spec, args) for spec, args in queued.commands]
     async with server.gate.alone(client.id):
+        # Checked once alone: a command under way when EXEC came may have touched a watched namespace.
+        if _touched(ctx):
+            return NULL_ARRAY
         replies = []
         for spec, args in queued.commands:
             if spec.is_async and _allowed(ctx, spec, args) is None:
@@ -96,6 +94,17 @@ async def exec_(ctx: Context, argv: list[bytes]) -> Any:
             else:
                 replies.append(_run_sync(ctx, spec, args))
         return replies
+
+
+def _touched(ctx: Context) -> bool:
+    """Whether a namespace the client watches was touched since WATCH (the watches end here)."""
+    watches, keys = ctx.server.watches, ctx.server.prefix.store.keys
+    client_id = ctx.client.id
+    for name in list(watches.watched(client_id)):
+        keys.live(name)  # a watched namespace whose expiry came meanwhile is deleted: a touch
+    touched = watches.is_dirty(client_id)
+    watches.unwatch(client_id)
+    return touched
 
 
 def _allowed(ctx: Context, spec: Any, argv: list[bytes]) -> Error | None:
