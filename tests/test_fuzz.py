@@ -43,7 +43,8 @@ UNCOUNTED = {"subscribe", "unsubscribe", "psubscribe", "punsubscribe", "ssubscri
 @pytest.fixture(scope="module")
 def target():
     daemon = start_daemon("--page-size", "2", "--block-bytes", "16", "--maxmemory", "4096",
-                          "--prompt-max-tokens", "64", "--evict-low-watermark", "0")
+                          "--prompt-max-tokens", "64", "--evict-low-watermark", "0",
+                          "--tenant-quota", "fz* 6 4 3")  # quota paths fuzzed too; PFXCHECK checks its counters
     admin = redis.Redis(host=daemon.host, port=daemon.port, protocol=2)
     tokens = [str(t) for t in range(8)]
     admin.execute_command("PFXSET", "seed", "TOKENS", *tokens, "DATA", b"s" * 64)

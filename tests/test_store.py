@@ -32,6 +32,7 @@ from pfxcache.daemon.store import (
     pack_tokens,
     unpack_tokens,
 )
+from pfxcache.daemon.store.quotas import QuotaBook
 
 PS = 4  # tokens per page in these tests
 BB = 16  # bytes per block
@@ -492,13 +493,15 @@ class StoreMachine(RuleBasedStateMachine):
     NBLOCKS = 16
     EXACT = False
     FENCE = False  # the daemon's mode: expired leases are fenced, their blocks kept until released
+    QUOTAS = ()  # tenant rules: (pattern, max pages, max leased, max leases)
 
     @initialize(policy=st.sampled_from(sorted(POLICIES)), shards=st.sampled_from([1, 2, 3]),
                 shrink=st.sampled_from([0, 6, 10]))
     def setup(self, policy, shards, shrink):
         self.clock = FakeClock()
         self.store = PrefixStore(MemoryArena(BB, self.NBLOCKS - (0 if self.EXACT else shrink)), page_size=PS, shards=shards, policy=policy,
-                                 lease_ttl_ms=1000, clock=self.clock, fence_expired=self.FENCE)
+                                 lease_ttl_ms=1000, clock=self.clock, fence_expired=self.FENCE,
+                                 quotas=QuotaBook(self.QUOTAS))
         self.cached = {ns: set() for ns in NSS}  # tuples of page values, prefix closed
         # lease id -> dict(owner, kind, ns, pages, deadline, blocks, data)
         self.leases: dict[int, dict] = {}
@@ -773,3 +776,15 @@ class FencedMachine(StoreMachine):
 class TestFencedTinyArena(FencedMachine.TestCase):
     settings = settings(max_examples=100, stateful_step_count=60, deadline=None,
                         suppress_health_check=[HealthCheck.too_slow])
+
+
+class QuotaMachine(FencedMachine):
+    # Namespace x may cache 5 pages (its inserts evict its own pages, y's never go for it); the
+    # invariants check the quota's counters after every step.
+    QUOTAS = ((b"x", 5, 0, 0),)
+
+
+class TestQuotaTinyArena(QuotaMachine.TestCase):
+    settings = settings(max_examples=80, stateful_step_count=60, deadline=None,
+                        suppress_health_check=[HealthCheck.too_slow])
+

@@ -356,14 +356,13 @@ class PrefixStore(StoreFigures):
                            f"only {cached * self.page_size} are")
         new = npages - cached
         quota = rec.quota if rec is not None else (self.quotas.of(name) if self.quotas else None)
-        if quota is not None and quota.pages_over(new):
-            self._make_room_in_quota(quota, name, new)  # the tenant's own pages go, or OutOfMemory
-            if tree is not None:  # the evictions may have cut the walk short: walk again
-                node, pages, child, extra = tree.walk(tokens, npages)
-                if pages + extra < off:
-                    raise NoPrefix(f"the first {off * self.page_size} tokens (the offset) are not cached")
-                cached = pages + extra
-                new = npages - cached
+        over = quota.pages_over(new) if quota is not None else 0
+        if over:
+            # The tenant's own pages make room, never the prefix this insert extends (pinned below
+            # before anything is evicted); refused here, with nothing changed, if they cannot.
+            cost = self._pin_cost(node, child, extra) if node is not None and rec.quota is quota else 0
+            if self._quota_evictable(quota) - cost < over:
+                raise quota.refuse_pages(new)
         if given is None and new:
             cost = self._pin_cost(node, child, extra) if node is not None else 0
             if not self._fits(new, cost) and self.expire():
@@ -382,6 +381,8 @@ class PrefixStore(StoreFigures):
         # Registered before allocating: the evictions _reserve may cause must see the plan,
         # or they could retire this (still empty) namespace under it.
         self._plans[plan.id] = plan
+        if over:
+            self._evict_in_quota(quota, name, over)
         if given is None:
             plan.new_blocks = self._reserve(new)
         else:
@@ -565,14 +566,14 @@ class PrefixStore(StoreFigures):
         if quota is not None:
             quota.leased += blocks
 
-    def _make_room_in_quota(self, quota, name: bytes, new: int) -> None:
-        """Evict the group's own pages (``name``'s first, by policy) until ``new`` more fit its
-        max_pages; OutOfMemory, with nothing changed, when its evictable pages cannot make it."""
-        over = quota.pages_over(new)
+    def _quota_evictable(self, quota) -> int:
+        """Unpinned pages of the namespaces under ``quota``. O(namespaces)."""
+        return sum(rec.pages - rec.pinned for rec in self._ns.values() if rec.quota is quota)
+
+    def _evict_in_quota(self, quota, name: bytes, over: int) -> None:
+        """Evict ``over`` of the group's own pages by policy, ``name``'s first (the caller checked
+        that they are evictable)."""
         group = [rec for rec in self._ns.values() if rec.quota is quota]
-        evictable = sum(rec.pages - rec.pinned for rec in group)
-        if evictable < over:
-            raise quota.refuse_pages(new)
         for rec in sorted(group, key=lambda r: r.name != name):
             if over <= 0:
                 break
