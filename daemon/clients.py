@@ -40,6 +40,7 @@ class Client:
         "open_push",
         "multi",
         "mute",
+        "monitoring",
     )
 
     def __init__(self, client_id: int, addr: str, laddr: str, fd: int, *, is_unix: bool = False) -> None:
@@ -73,6 +74,8 @@ class Client:
         #: CLIENT REPLY: 0 replies are written; MUTE_OFF (OFF) none until ON; n > 0 (SKIP) the
         #: next n are dropped (the SKIP's own, then the next command's).
         self.mute = 0
+        #: In MONITOR mode (Redis treats a monitor as a replica: flag O, no keyspace commands).
+        self.monitoring = False
 
     @property
     def subscribed(self) -> bool:
@@ -84,7 +87,8 @@ class Client:
         now = time.monotonic()
         subs = self.pubsub
         sub, psub, ssub = (len(subs.channels), len(subs.patterns), len(subs.shard_channels)) if subs else (0, 0, 0)
-        flags = (("P" if sub or psub or ssub else "") + ("x" if self.multi is not None else "")
+        flags = (("O" if self.monitoring else "") + ("P" if sub or psub or ssub else "")
+                 + ("x" if self.multi is not None else "")
                  + ("U" if self.is_unix else "")) or "N"
         return (
             f"id={self.id} addr={self.addr} laddr={self.laddr} fd={self.fd} name={self.name} "

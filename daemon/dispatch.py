@@ -29,6 +29,7 @@ log = logging.getLogger("pfxcached")
 
 NOAUTH = Error("NOAUTH Authentication required.")
 NOT_IN_MULTI = Error("ERR Command not allowed inside a transaction")
+REPLICA_KEYSPACE = Error("ERR Replica can't interact with the keyspace")
 QUEUED = SimpleString(QUEUED_TEXT)
 _now = time.perf_counter_ns
 
@@ -112,7 +113,7 @@ def execute(ctx: Context, argv: list[bytes]) -> Any:
         _record_error(stats, reply)
         return reply
     client.last_command = spec.fullname
-    if client.multi is not None or server.gate.closed:
+    if client.multi is not None or server.gate.closed or client.monitoring:
         special = _gate_or_queue(ctx, spec, argv)
         if special is not None:
             return special
@@ -137,8 +138,15 @@ def _gate_or_queue(ctx: Context, spec: CommandSpec, argv: list[bytes]) -> Any:
         reply = _reject(ctx, argv, NOT_IN_MULTI)
         _record_error(stats, reply)
         return reply
+    if client.monitoring and ("readonly" in spec.flags or writes(spec)):
+        stats = ctx.server.stats
+        stats.command(spec.fullname).rejected_calls += 1
+        reply = _reject(ctx, argv, REPLICA_KEYSPACE)
+        _record_error(stats, reply)
+        return reply
     gate = ctx.server.gate
-    if gate.closed:
+    # A monitor is a replica to Redis: CLIENT PAUSE does not hold it (an EXEC running alone does).
+    if gate.closed and not (client.monitoring and not gate.exclusive):
         held = writes(spec) or (spec.fullname == "exec" and multi is not None and multi.writes)
         if gate.holds(client.id, held):
             return Pending(spec, argv, gated=held)

@@ -219,10 +219,21 @@ def test_monitor_shows_pfx_commands_and_redis_cli_monitor_reads_them(pfx) -> Non
 
 def test_a_monitor_still_runs_commands_and_reset_ends_monitoring(pfx, ref) -> None:
     for port in (pfx.port, ref.port):
-        conn = Raw(port)
+        conn, admin = Raw(port), Raw(port)
         assert conn.call("MONITOR") == b"+OK\r\n"
+        conn.send("MONITOR")  # again: no reply at all
         assert conn.call("PING") == b"+PONG\r\n"
         assert conn.read().endswith(b'"PING"\r\n')  # its own command, shown to itself
+        # a monitor is a replica: no keyspace commands, flag O, not held by CLIENT PAUSE
+        assert conn.call("EXISTS", "k") == b"-ERR Replica can't interact with the keyspace\r\n"
+        assert conn.call("DBSIZE") == b"-ERR Replica can't interact with the keyspace\r\n"
+        admin.call("CLIENT", "PAUSE", "1000", "ALL")  # ends by itself: ALL holds UNPAUSE too
+        assert conn.call("ECHO", "x") == b"$1\r\nx\r\n"
+        assert conn.read().endswith(b'"ECHO" "x"\r\n')
+        flags = conn.call("CLIENT", "INFO").split(b" flags=", 1)[1].split(b" ", 1)[0]
+        assert flags == b"O"
+        conn.read()
+        admin.close()
         assert conn.call("RESET") == b"+RESET\r\n"
         assert conn.call("PING") == b"+PONG\r\n"
         conn.close()

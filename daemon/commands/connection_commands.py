@@ -156,6 +156,7 @@ def reset(ctx: Context, argv: list[bytes]) -> Any:
     client.multi = None
     ctx.server.watches.unwatch(client.id)
     ctx.server.observers.monitors.remove(client.id)
+    client.monitoring = False
     client.mute = 0
     client.name = ""
     client.user = "default"

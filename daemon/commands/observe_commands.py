@@ -19,7 +19,7 @@ from pfxcache.protocol.replies import OK, Error, Verbatim
 from ..pubsub import ClientSubscriptions
 from . import handles
 from .connection_commands import LLONG_MAX, parse_integer
-from .context import Context
+from .context import NO_REPLY, Context
 from .introspection import help_reply
 
 LOOPBACK = ("127.0.0.1", "::1")
@@ -38,10 +38,11 @@ def monitor(ctx: Context, argv: list[bytes]) -> Any:
     client = ctx.client
     monitors = ctx.server.observers.monitors
     if client.id in monitors:
-        return OK
+        return NO_REPLY  # as redis-server: a replica's MONITOR is ignored, without a reply
     if client.pubsub is None:  # the out-of-band writer pub/sub uses: lines never split a reply
         client.pubsub = ClientSubscriptions(client.open_push())
     monitors.add(client.id, client.pubsub.push)
+    client.monitoring = True
     return OK
 
 
