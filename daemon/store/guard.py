@@ -96,20 +96,76 @@ class PageSampler:
             self._depth = np.concatenate([self._depth, more])
         return self._depth[:n]
 
-    def sample(self, scope: bytes, tokens: bytes, npages: int) -> tuple[bytes, np.ndarray]:
-        """(the sampled pages as packed one-token pages, their depths) of the first ``npages`` pages."""
-        pages = np.frombuffer(tokens, np.uint32, npages * self.page_tokens).reshape(npages, self.page_tokens)
+    def seed(self, scope: bytes) -> np.uint64:
+        """The running sum before a namespace's first page (namespaces sample apart)."""
+        return np.uint64(zlib.crc32(scope) + 1)
+
+    def hash_pages(self, tokens: bytes, depth: int, carry: np.uint64) -> np.ndarray:
+        """The whole pages of ``tokens``, at depths ``depth``.. below a running sum ``carry``: a (2, pages) array.
+
+        Row 0: the running sum after each page (a hash of each page times its depth's multiplier,
+        added up from the namespace's seed: the page's identity covers every page before it);
+        row 1: that sum mixed, the page's identity.
+        """
+        n = len(tokens) // self.page_bytes
+        pages = np.frombuffer(tokens, np.uint32, n * self.page_tokens).reshape(n, self.page_tokens)
         h = pages.astype(np.uint64) @ self._coef  # a hash of each page (uint64 arithmetic wraps)
-        h *= self._multipliers(npages)  # the page's depth is part of its identity
-        x = np.cumsum(h, dtype=np.uint64)  # ... and so is every page before it
-        x += np.uint64(zlib.crc32(scope) + 1)
-        _mix(x)
+        h *= self._multipliers(depth + n)[depth:]  # the page's depth is part of its identity
+        out = np.empty((2, n), np.uint64)
+        np.cumsum(h, dtype=np.uint64, out=out[0])  # ... and so is every page before it
+        out[0] += carry
+        out[1] = out[0]
+        _mix(out[1])
+        return out
+
+    def path_hashes(self, scope: bytes, node) -> np.ndarray:
+        """hash_pages() of the path from the root to radix node ``node``, from the hashes cached on its nodes.
+
+        Each node keeps its pages' (``Node.sample_hashes``; splits and trims cut it with the pages),
+        filled in on first use: a lookup that hits cached pages hashes only the pages it misses.
+        """
+        nodes = []
+        while node.parent is not None:
+            nodes.append(node)
+            node = node.parent
+        parts = []
+        depth = 0
+        for node in reversed(nodes):
+            part = node.sample_hashes
+            if part is None:
+                carry = parts[-1][0, -1] if parts else self.seed(scope)
+                part = node.sample_hashes = self.hash_pages(node.key, depth, carry)
+            parts.append(part)
+            depth += part.shape[1]
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts, axis=1) if parts else np.empty((2, 0), np.uint64)
+
+    def select(self, hashes: np.ndarray) -> tuple[bytes, np.ndarray]:
+        """(the sampled pages as packed one-token pages, their depths) of pages with identities ``hashes[1]``."""
+        x = hashes[1]
         if self._all:
-            depths = np.arange(npages)
+            depths = np.arange(len(x))
         else:
             depths = np.flatnonzero(x < self._below)
             x = x[depths]
         return (x & _MASK32).astype("<u4").tobytes(), depths
+
+    def sample(self, scope: bytes, tokens: bytes, npages: int) -> tuple[bytes, np.ndarray]:
+        """(the sampled pages as packed one-token pages, their depths) of the first ``npages`` pages."""
+        return self.select(self.hash_pages(tokens[: npages * self.page_bytes], 0, self.seed(scope)))
+
+    def sample_lookup(self, scope: bytes, tokens: bytes, npages: int, node, matched: int
+                      ) -> tuple[bytes, np.ndarray]:
+        """sample() of a lookup whose first ``matched`` pages end at radix node ``node`` (same values)."""
+        if node is None or not matched:
+            return self.sample(scope, tokens, npages)
+        hashes = self.path_hashes(scope, node)
+        if matched < npages:
+            P = self.page_bytes
+            tail = self.hash_pages(tokens[matched * P : npages * P], matched, hashes[0, -1])
+            hashes = np.concatenate((hashes, tail), axis=1)
+        return self.select(hashes)
 
 
 class _MiniIndex:
@@ -311,16 +367,20 @@ class GuardPolicy(_Orders):
 
     # -- the request stream ------------------------------------------------------------------
 
-    def looked_up(self, scope: bytes, tokens: bytes, npages: int, matched: int) -> None:
-        """A lookup of ``npages`` whole pages of ``tokens`` in namespace ``scope`` matched ``matched`` pages."""
+    def looked_up(self, scope: bytes, tokens: bytes, npages: int, matched: int, node=None) -> None:
+        """A lookup of ``npages`` whole pages of ``tokens`` in namespace ``scope`` matched ``matched`` pages.
+
+        ``node``: the radix node where the match ends (its path's hashes are cached on it).
+        """
         if self._sampler is None or not npages:
             return
-        ids, depths = self._sampler.sample(scope, tokens, npages)
+        ids, depths = self._sampler.sample_lookup(scope, tokens, npages, node, matched)
         self._last = (scope, tokens[: npages * self._sampler.page_bytes])
         if not len(depths):
             return
         hits = self.hits
-        hits["real"] += int(np.searchsorted(depths, matched))
+        # the sampled pages the real cache hit (every page is sampled at rate 1)
+        hits["real"] += min(matched, npages) if self._sampler.rate >= 1.0 else int(np.searchsorted(depths, matched))
         for name, mini in self.minis.items():
             hits[name] += mini.access(scope, ids)
         self.sampled += min(len(depths), self.minis["lru"].capacity)

@@ -64,6 +64,7 @@ class Node:
         "lock_ref",
         "parent",
         "policy_data",
+        "sample_hashes",
         "tick",
         "tree",
         "version",
@@ -87,6 +88,7 @@ class Node:
         self.version = 0  # bumped on every change of eviction-index membership or priority
         self.evictable = False  # mirrors membership in the eviction index
         self.page_hashes = None  # KV events: the pages' block hashes, 8 bytes each (block_hashes.py)
+        self.sample_hashes = None  # guard's sampling hashes of the pages, a (2, pages) array (guard.py)
 
     @property
     def pages(self) -> int:
@@ -169,6 +171,8 @@ class RadixTree:
         top.lock_ref = child.lock_ref  # every pin through child also passes through top
         if child.page_hashes is not None:  # each page keeps its block hash
             top.page_hashes, child.page_hashes = child.page_hashes[: m * 8], child.page_hashes[m * 8 :]
+        if child.sample_hashes is not None:
+            top.sample_hashes, child.sample_hashes = child.sample_hashes[:, :m], child.sample_hashes[:, m:]
         parent.children[top.key[:P]] = top
         child.key = child.key[cut:]
         child.blocks = child.blocks[m:]
@@ -283,6 +287,8 @@ class RadixTree:
             node.key = node.key[: (n - k) * self.page_bytes]
             if node.page_hashes is not None:  # the kept pages keep their hashes
                 node.page_hashes = node.page_hashes[: (n - k) * 8]
+            if node.sample_hashes is not None:
+                node.sample_hashes = node.sample_hashes[:, : n - k]
             self._count(-k, -k)
             return freed  # same priority, still a leaf: its index entries stay valid
         freed = node.blocks

@@ -262,6 +262,7 @@ class PrefixStore(StoreFigures):
         blocks: list[int] = []
         lease_id = 0
         tree = rec.trees.get(self._shard(name, tokens)) if npages else None
+        node = None
         if tree is not None:
             node, pages = tree.locate(tokens, npages)  # split so a pin covers exactly the match
             if pages and lease and not transient:
@@ -281,7 +282,7 @@ class PrefixStore(StoreFigures):
                         rec.quota.leases += 1
                         rec.quota.leased += len(blocks)
         if npages:
-            self._index.looked_up(name, tokens, npages, pages)
+            self._index.looked_up(name, tokens, npages, pages, node)
         matched = pages * self.page_size
         missed = len(tokens) // TOKEN_BYTES - matched
         rec.hits += matched
