@@ -57,7 +57,11 @@ class RedisRaw:
 
     def __init__(self, path: str) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
+        try:
+            self.sock.connect(path)
+        except OSError:
+            self.sock.close()
+            raise
         self.sock.settimeout(5)
         self.buf = b""
 
@@ -120,11 +124,15 @@ def redis(tmp_path_factory):
     )
     try:
         deadline = time.monotonic() + 10
-        while not os.path.exists(path):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("redis-server did not start")
-            time.sleep(0.01)
-        client = RedisRaw(path)
+        while True:
+            # The socket file appears at bind(), a moment before listen(): connect until it answers.
+            try:
+                client = RedisRaw(path)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("redis-server did not start")
+                time.sleep(0.01)
         yield client
         client.close()
     finally:
