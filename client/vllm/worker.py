@@ -107,6 +107,18 @@ def _contiguous_run(view: torch.Tensor) -> int:
     return run
 
 
+def _joint_view(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor | None:
+    """Keys and values as one view ``[blocks, 2, ...]`` when the values are the keys shifted by a fixed
+    number of elements (same shape and strides), else None."""
+    if keys.shape != values.shape or keys.stride() != values.stride() or keys.dtype != values.dtype:
+        return None
+    shift = values.storage_offset() - keys.storage_offset()
+    if shift <= 0 or keys.untyped_storage().data_ptr() != values.untyped_storage().data_ptr():
+        return None
+    return keys.as_strided((keys.shape[0], 2, *keys.shape[1:]), (keys.stride(0), shift, *keys.stride()[1:]),
+                           keys.storage_offset())
+
+
 def _runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
     """(src start, dst start, length) for the runs where both id lists go up by one together."""
     runs: list[tuple[int, int, int]] = []
@@ -188,7 +200,13 @@ class WorkerHalf:
                                  "(set kv_cache_dtype auto)")
             views.append(paged_kv_views(tensor, g.page_size, self.local_heads, g.head_dim, cpu_isa))
         self._layers = views
-        self._kinds = [(_Kind(keys), _Kind(values)) for keys, values in views]
+        self._kinds = []
+        for keys, values in views:
+            joint = _joint_view(keys, values)
+            kinds = (_Kind(keys), _Kind(values))
+            # Keys and values kept alike, at a fixed distance: one copy moves both (half the calls, and
+            # for HND-like layouts runs twice as long).
+            self._kinds.append((_Kind(joint),) if joint is not None and all(k.direct for k in kinds) else kinds)
 
     # -- the arena ---------------------------------------------------------------------------------
 
@@ -230,10 +248,13 @@ class WorkerHalf:
 
     # -- copies ------------------------------------------------------------------------------------
 
-    def _page_views(self, pages: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This worker's heads of every page's keys and values of ``layer``, shaped like vLLM's views."""
+    def _page_views(self, pages: torch.Tensor, layer: int) -> tuple[torch.Tensor, ...]:
+        """This worker's heads of every page's keys and values of ``layer``, shaped like vLLM's views
+        (one view of both when the layer copies them together)."""
         keys_view, values_view = self._layers[layer]
         count = pages.shape[0]
+        if self._kinds and len(self._kinds[layer]) == 1:
+            return (pages[:, layer, :, self._heads].view(count, 2, self.local_heads, *keys_view.shape[2:]),)
         keys = pages[:, layer, 0, self._heads].view(count, self.local_heads, *keys_view.shape[2:])
         values = pages[:, layer, 1, self._heads].view(count, self.local_heads, *values_view.shape[2:])
         return keys, values
