@@ -32,6 +32,7 @@ class HeapPolicy:
     """Base of policies whose priority is time-invariant: one lazy heap, smallest key evicted first."""
 
     name = "abstract"
+    scope_shares_order = False  # see LRUPolicy
 
     def __init__(self) -> None:
         self._heap: list[tuple] = []
@@ -68,11 +69,18 @@ class HeapPolicy:
         """The indexed (valid) nodes, for consistency checks."""
         return [e[-1] for e in self._heap if e[-2] == e[-1].version]
 
+    def pushed(self) -> list:
+        """The indexed (valid) nodes in the order they were pushed."""
+        return [e[-1] for e in sorted(self._heap, key=lambda e: e[-3]) if e[-2] == e[-1].version]
+
 
 class LRUPolicy(HeapPolicy):
     """Least recently used first."""
 
     name = "lru"
+    # A namespace's own instance orders its candidates exactly as this one does (keys from the
+    # node, ties by push order): while one namespace has candidates, both can be this one.
+    scope_shares_order = True
 
     @staticmethod
     def key(node) -> tuple:
@@ -83,6 +91,7 @@ class LFUPolicy(HeapPolicy):
     """Least frequently hit first; the older of equally frequent nodes first."""
 
     name = "lfu"
+    scope_shares_order = True
 
     @staticmethod
     def key(node) -> tuple:
@@ -104,6 +113,7 @@ class HybridPolicy:
     """
 
     name = "hybrid"
+    scope_shares_order = True
 
     def __init__(self) -> None:
         self._buckets: list[list[tuple]] = [[] for _ in range(HYBRID_BUCKETS)]
@@ -119,12 +129,15 @@ class HybridPolicy:
     def drop(self) -> None:
         self.live -= 1
         if self._entries > 2 * self.live + _COMPACT_SLACK:
-            self._entries = 0
-            for i, heap in enumerate(self._buckets):
-                kept = [e for e in heap if e[-2] == e[-1].version]
-                heapq.heapify(kept)
-                self._buckets[i] = kept
-                self._entries += len(kept)
+            self._compact()
+
+    def _compact(self) -> None:
+        self._entries = 0
+        for i, heap in enumerate(self._buckets):
+            kept = [e for e in heap if e[-2] == e[-1].version]
+            heapq.heapify(kept)
+            self._buckets[i] = kept
+            self._entries += len(kept)
 
     def peek(self, now: float):
         best = None
@@ -142,6 +155,10 @@ class HybridPolicy:
 
     def nodes(self) -> list:
         return [e[-1] for heap in self._buckets for e in heap if e[-2] == e[-1].version]
+
+    def pushed(self) -> list:
+        entries = sorted((e for heap in self._buckets for e in heap), key=lambda e: e[1])
+        return [e[-1] for e in entries if e[-2] == e[-1].version]
 
 
 GHOST_MIN = 4096  # ghost entries kept at least (first-page hashes of evicted leaves)
@@ -179,6 +196,7 @@ class GhostPolicy(HeapPolicy):
     """
 
     name = "ghost"
+    scope_shares_order = False  # a namespace's instance has a floor and a ghost of its own
 
     def __init__(self) -> None:
         super().__init__()
@@ -247,9 +265,15 @@ class EvictionIndex:
         sized = getattr(factory, "for_store", None)
         self.all = sized(self.capacity, self.page_bytes) if sized is not None else factory()
         self.scopes: dict[bytes, object] = {}
+        # While only one namespace has candidates, and its own index would order them exactly as
+        # the global one, the global index is its index too: one heap entry per candidate change,
+        # not two. ``solo`` names that namespace; a second one gets the first its own index.
+        self._shares = getattr(factory, "scope_shares_order", False)
+        self.solo: bytes | None = None
         # Policies that watch the request stream (guard) get every lookup and store; others pay nothing.
         self.looked_up = getattr(self.all, "looked_up", _ignore)
         self.stored = getattr(self.all, "stored", _ignore)
+        self._evicted = getattr(self.all, "evicted", None)
 
     @property
     def policy(self) -> str:
@@ -258,9 +282,25 @@ class EvictionIndex:
     def _scoped(self, scope: bytes):
         index = self.scopes.get(scope)
         if index is None:
-            for_scope = getattr(self.all, "for_scope", None)
-            index = self.scopes[scope] = for_scope() if for_scope is not None else self.factory()
+            if self._shares and not self.scopes:
+                if self.solo is None or self.solo == scope:
+                    self.solo = scope
+                    return None
+                self._unshare()
+            index = self.scopes[scope] = self._new_scoped()
         return index
+
+    def _new_scoped(self):
+        for_scope = getattr(self.all, "for_scope", None)
+        return for_scope() if for_scope is not None else self.factory()
+
+    def _unshare(self) -> None:
+        """A second namespace gets candidates: the solo one gets its own index, in the same order."""
+        scope, self.solo = self.solo, None
+        index = self.scopes[scope] = self._new_scoped()
+        for node in self.all.pushed():  # push order: ties break as they would have
+            if node.tree.scope == scope:  # (the node being added is the other namespace's)
+                index.push(node)
 
     def add(self, node, uncovered: bool = False) -> None:
         """``node`` became an unpinned leaf (or its priority changed after remove()).
@@ -270,23 +310,32 @@ class EvictionIndex:
         node.version += 1
         node.evictable = True
         self.all.push(node, uncovered)
-        self._scoped(node.tree.scope).push(node, uncovered)
+        scope = node.tree.scope
+        if scope != self.solo:
+            index = self._scoped(scope)
+            if index is not None:
+                index.push(node, uncovered)
 
     def evicted(self, node, whole: bool) -> None:
         """Pages of ``node`` are being evicted (by policy or by command): its tail, or ``whole`` it."""
-        evicted = getattr(self.all, "evicted", None)
-        if evicted is not None:
-            evicted(node, whole)
+        if self._evicted is not None:
+            self._evicted(node, whole)
 
     def remove(self, node) -> None:
         """``node`` is no longer an unpinned leaf (pinned, got a child, left the tree, or is being touched)."""
         node.version += 1
         node.evictable = False
         self.all.drop()
-        self.scopes[node.tree.scope].drop()
+        scope = node.tree.scope
+        if scope != self.solo:
+            self.scopes[scope].drop()
 
     def forget_scope(self, scope: bytes) -> None:
         """Drop the (empty) index of a namespace that no longer exists."""
+        if scope == self.solo:
+            if not self.all.live:
+                self.solo = None
+            return
         index = self.scopes.get(scope)
         if index is not None and not index.live:
             del self.scopes[scope]
@@ -298,7 +347,7 @@ class EvictionIndex:
 
     def best(self, now: float, scope: bytes | None = None):
         """The next victim, globally or within one scope; None when nothing is evictable."""
-        if scope is None:
+        if scope is None or scope == self.solo:
             return self.all.peek(now)
         index = self.scopes.get(scope)
         return index.peek(now) if index is not None else None
@@ -330,6 +379,9 @@ class EvictionIndex:
             if got != want or index.live != len(want):
                 problems.append(f"scope {scope!r} index holds {len(got)} (live {index.live}), expected {len(want)}")
         for scope in by_scope:
-            if scope not in self.scopes:
+            if scope == self.solo:
+                if len(by_scope) > 1:
+                    problems.append(f"scope {scope!r} shares the global index, but {len(by_scope)} scopes have candidates")
+            elif scope not in self.scopes:
                 problems.append(f"scope {scope!r} has candidates but no index")
         return problems

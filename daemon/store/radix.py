@@ -292,17 +292,23 @@ class RadixTree:
             self._count(-k, -k)
             return freed  # same priority, still a leaf: its index entries stay valid
         freed = node.blocks
-        self.index.evicted(node, whole=True)
-        self.index.remove(node)
+        index = self.index
+        index.evicted(node, whole=True)
+        index.remove(node)
         parent = node.parent
-        del parent.children[node.key[: self.page_bytes]]
+        children = parent.children
+        del children[node.key[: self.page_bytes]]
         node.parent = None
         node.blocks = []
         node.blocks_encoded = None
         self.nodes -= 1
-        self._count(-n, -n)
-        if parent.parent is not None and not parent.children and parent.lock_ref == 0:
-            self.index.add(parent, uncovered=True)
+        self.pages -= n
+        self.unpinned -= n
+        totals = self.totals
+        totals.pages -= n
+        totals.unpinned -= n
+        if not children and parent.lock_ref == 0 and parent.parent is not None:
+            index.add(parent, uncovered=True)
         return freed
 
     @staticmethod

@@ -173,6 +173,7 @@ class ReusePolicy(HeapPolicy):
     """
 
     name = "reuse"
+    scope_shares_order = True  # a namespace's instance orders by the keys this one gave
 
     def __init__(self, learner: ReuseLearner | None = None, scoped: bool = False) -> None:
         super().__init__()

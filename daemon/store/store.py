@@ -190,29 +190,35 @@ class PrefixStore(StoreFigures):
     def _evict(self, n: int, scope: bytes | None, cause: str) -> int:
         """Evict up to n pages chosen by the policy (globally or in one namespace); O(k log n)."""
         now = self._clock()
-        index = self._index
+        best = self._index.best
+        events, touched, records = self._events, self.touched, self._ns
         evicted = 0
         freed: list[int] = []
+        rec = tree = None
         while evicted < n:
-            node = index.best(now, scope)
+            node = best(now, scope)
             if node is None:
                 break
             # Trailing pages of one leaf in one go: the node keeps its priority while it shrinks,
             # so this is the same as evicting them one page at a time.
-            k = min(n - evicted, len(node.blocks))
-            tree = node.tree
-            if self._events is not None:
-                announce_trim(self._events, node, k)
+            k = n - evicted
+            if k > len(node.blocks):
+                k = len(node.blocks)
+            if node.tree is not tree:
+                tree = node.tree
+                rec = records[tree.scope]
+            if events is not None:
+                announce_trim(events, node, k)
             freed += tree.trim(node, k)
-            if self.touched is not None:
-                self.touched(tree.scope)
-            rec = self._ns[tree.scope]
+            if touched is not None:
+                touched(tree.scope)
             rec.evictions += k
             if rec.quota is not None:
                 rec.quota.pages -= k
             evicted += k
             if not tree.pages:
                 self._retire_if_empty(rec)
+                tree = None  # it may be gone
         self._alloc.release(freed)  # every evicted block in one call: runs and scatters, not pages
         self.evictions += evicted
         self.evictions_by_cause[cause] += evicted
