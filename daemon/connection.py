@@ -195,8 +195,6 @@ async def serve_connection(server: Any, sock: socket.socket, client: Client) -> 
             finally:
                 client.busy = False
                 client.query_buffered = parser.buffered()
-                # After its commands ran (a commit with a fenced lease's blocks is refused as expired).
-                server.prefix.owner_spoke(client.id)
             if server.shutting_down:
                 break
     finally:

@@ -171,13 +171,6 @@ class PrefixService:
         if released:
             log.debug("Released %d leases of client id=%d", released, owner)
 
-    def owner_spoke(self, owner: int) -> None:
-        """A connection sent commands: once they ran, its leases that expired while it was silent
-        (fenced, their blocks kept in case its worker was stalled mid-copy) end. A worker that speaks
-        has come back; one that never does keeps only its own blocks, and loses them when it
-        disconnects."""
-        self.store.end_fenced(owner)
-
     def holds_leases(self, owner: int) -> bool:
         """Whether a connection holds leases (fenced ones included): ``timeout`` spares it, since
         closing it would recycle blocks its worker, only slow, may still be reading or writing."""

@@ -90,7 +90,10 @@ def _well_behaved(address, seed: int, stop: threading.Event, counts: dict, error
                     reply = _flat(r.execute_command("PFXALLOC", namespace, rng.randrange(1, 8), "TTL", 2000))
                     if rng.random() < 0.8:
                         r.execute_command("PFXRELEASE", reply["lease"])
-                    # else: left for the connection's end (or its TTL) to release
+                    else:
+                        # Left for the connection's end to release: an expired lease of a live
+                        # connection is fenced (its blocks stay out until the owner lets go).
+                        r.connection_pool.disconnect()
                 else:
                     r.execute_command("PFXEVICT", namespace, "PAGES", rng.randrange(1, 10))
                 counts["ok"] += 1

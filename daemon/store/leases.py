@@ -72,7 +72,6 @@ class LeaseTable:
     def __init__(self) -> None:
         self._id_pool = array("Q")
         self.fenced = 0  # how many leases are fenced
-        self._fenced_by_owner: dict[int, dict[int, None]] = {}  # owner -> ids of its fenced leases
         self._leases: dict[int, Lease] = {}
         self._by_owner: dict[int, dict[int, None]] = {}
         # (deadline, id); entries of leases that ended early are skipped lazily.
@@ -118,10 +117,6 @@ class LeaseTable:
         del self._leases[lease.id]
         if lease.fenced:
             self.fenced -= 1
-            fenced = self._fenced_by_owner[lease.owner]
-            del fenced[lease.id]
-            if not fenced:
-                del self._fenced_by_owner[lease.owner]
         owned = self._by_owner[lease.owner]
         del owned[lease.id]
         if not owned:
@@ -143,11 +138,6 @@ class LeaseTable:
             lease.fenced = True
             lease.deadline = math.inf
             self.fenced += 1
-            self._fenced_by_owner.setdefault(lease.owner, {})[lease.id] = None
-
-    def fenced_of(self, owner: int) -> list[Lease]:
-        """The owner's fenced leases."""
-        return [self._leases[i] for i in self._fenced_by_owner.get(owner, ())]
 
     def of_owner(self, owner: int, limit: int | None = None) -> list[Lease]:
         """The owner's leases (fenced ones too), oldest first; at most ``limit`` of them."""

@@ -647,17 +647,6 @@ class PrefixStore(StoreFigures):
             self._end(lease)
         return len(leases)
 
-    def end_fenced(self, owner: int) -> int:
-        """End the fenced leases of ``owner``, which has spoken again since they expired: a worker that
-        sends a command is no longer stalled inside its copy, so their blocks can be reused now
-        (their ids stay dead: a PFXRELEASE of one counts 0). Returns how many."""
-        if not self._leases.fenced:
-            return 0
-        leases = self._leases.fenced_of(owner)
-        for lease in leases:
-            self._end(lease)
-        return len(leases)
-
     def holds_leases(self, owner: int) -> bool:
         """Whether ``owner`` holds any lease, fenced ones included."""
         return self._leases.owns(owner)
