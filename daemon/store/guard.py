@@ -313,6 +313,9 @@ class _Orders:
     def nodes(self) -> list:
         return self.orders["lru"].nodes()
 
+    def pushed(self) -> list:
+        return self.orders["lru"].pushed()
+
 
 class _ScopedGuard(_Orders):
     """One namespace's candidates (EVICT commands): the experts' orders there, the global driver."""

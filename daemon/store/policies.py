@@ -78,8 +78,8 @@ class LRUPolicy(HeapPolicy):
     """Least recently used first."""
 
     name = "lru"
-    # A namespace's own instance orders its candidates exactly as this one does (keys from the
-    # node, ties by push order): while one namespace has candidates, both can be this one.
+    # A namespace's own instance evicts exactly as this one does (keys from the node, ties by
+    # push order, no state of its own): while one namespace has candidates, both can be this one.
     scope_shares_order = True
 
     @staticmethod
@@ -196,7 +196,9 @@ class GhostPolicy(HeapPolicy):
     """
 
     name = "ghost"
-    scope_shares_order = False  # a namespace's instance has a floor and a ghost of its own
+    # A namespace's instance has a floor and a ghost of its own, set by its evictions (until the
+    # first, it holds what the global one would give it: the keys of lru, thrash 0).
+    scope_shares_order = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -265,10 +267,12 @@ class EvictionIndex:
         sized = getattr(factory, "for_store", None)
         self.all = sized(self.capacity, self.page_bytes) if sized is not None else factory()
         self.scopes: dict[bytes, object] = {}
-        # While only one namespace has candidates, and its own index would order them exactly as
-        # the global one, the global index is its index too: one heap entry per candidate change,
-        # not two. ``solo`` names that namespace; a second one gets the first its own index.
-        self._shares = getattr(factory, "scope_shares_order", False)
+        # While only one namespace has candidates, the global index is its index too: one heap
+        # entry per candidate change, not two. ``solo`` names that namespace. A second namespace,
+        # or a namespace eviction under a policy whose namespace instances keep state of their
+        # own (``scope_shares_order`` False: ghost's floor), first gives it its own index, built
+        # in push order from the global one: exactly what it would hold had it been kept all along.
+        self._peeks_shared = getattr(factory, "scope_shares_order", False)
         self.solo: bytes | None = None
         # Policies that watch the request stream (guard) get every lookup and store; others pay nothing.
         self.looked_up = getattr(self.all, "looked_up", _ignore)
@@ -282,7 +286,7 @@ class EvictionIndex:
     def _scoped(self, scope: bytes):
         index = self.scopes.get(scope)
         if index is None:
-            if self._shares and not self.scopes:
+            if not self.scopes:
                 if self.solo is None or self.solo == scope:
                     self.solo = scope
                     return None
@@ -347,8 +351,12 @@ class EvictionIndex:
 
     def best(self, now: float, scope: bytes | None = None):
         """The next victim, globally or within one scope; None when nothing is evictable."""
-        if scope is None or scope == self.solo:
+        if scope is None:
             return self.all.peek(now)
+        if scope == self.solo:
+            if self._peeks_shared:
+                return self.all.peek(now)
+            self._unshare()
         index = self.scopes.get(scope)
         return index.peek(now) if index is not None else None
 
