@@ -238,24 +238,16 @@ def _expire(ctx: Context, argv: list[bytes], *, unit_ms: int, absolute: bool) ->
     return 1
 
 
-@handles("expire")
+#: EXPIRE's four forms: the unit of their argument in ms, and whether it is a Unix time.
+_EXPIRE_FORMS = {b"expire": (1000, False), b"pexpire": (1, False), b"expireat": (1000, True), b"pexpireat": (1, True)}
+#: TTL's four forms: the unit of their reply in ms, and whether it is a Unix time.
+_TTL_FORMS = {b"ttl": (1000, False), b"pttl": (1, False), b"expiretime": (1000, True), b"pexpiretime": (1, True)}
+
+
+@handles("expire", "pexpire", "expireat", "pexpireat")
 def expire(ctx: Context, argv: list[bytes]) -> Any:
-    return _expire(ctx, argv, unit_ms=1000, absolute=False)
-
-
-@handles("pexpire")
-def pexpire(ctx: Context, argv: list[bytes]) -> Any:
-    return _expire(ctx, argv, unit_ms=1, absolute=False)
-
-
-@handles("expireat")
-def expireat(ctx: Context, argv: list[bytes]) -> Any:
-    return _expire(ctx, argv, unit_ms=1000, absolute=True)
-
-
-@handles("pexpireat")
-def pexpireat(ctx: Context, argv: list[bytes]) -> Any:
-    return _expire(ctx, argv, unit_ms=1, absolute=True)
+    unit_ms, absolute = _EXPIRE_FORMS[argv[0].lower()]
+    return _expire(ctx, argv, unit_ms=unit_ms, absolute=absolute)
 
 
 def _ttl(ctx: Context, name: bytes, *, unit_ms: int, absolute: bool) -> int:
@@ -271,24 +263,10 @@ def _ttl(ctx: Context, name: bytes, *, unit_ms: int, absolute: bool) -> int:
     return (left + unit_ms // 2) // unit_ms
 
 
-@handles("ttl")
+@handles("ttl", "pttl", "expiretime", "pexpiretime")
 def ttl(ctx: Context, argv: list[bytes]) -> Any:
-    return _ttl(ctx, argv[1], unit_ms=1000, absolute=False)
-
-
-@handles("pttl")
-def pttl(ctx: Context, argv: list[bytes]) -> Any:
-    return _ttl(ctx, argv[1], unit_ms=1, absolute=False)
-
-
-@handles("expiretime")
-def expiretime(ctx: Context, argv: list[bytes]) -> Any:
-    return _ttl(ctx, argv[1], unit_ms=1000, absolute=True)
-
-
-@handles("pexpiretime")
-def pexpiretime(ctx: Context, argv: list[bytes]) -> Any:
-    return _ttl(ctx, argv[1], unit_ms=1, absolute=True)
+    unit_ms, absolute = _TTL_FORMS[argv[0].lower()]
+    return _ttl(ctx, argv[1], unit_ms=unit_ms, absolute=absolute)
 
 
 @handles("persist")
