@@ -20,8 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
 
-from .errors import OutOfMemory
+from .errors import BadRequest, OutOfMemory
+
+if TYPE_CHECKING:
+    from .leases import Lease
 
 
 class Quota:
@@ -83,3 +87,55 @@ class QuotaBook:
             if self._match(quota.pattern, name):
                 return quota
         return None
+
+
+class StoreQuotas:
+    """The store's side of the quotas and of client-lease-limit: a mixin of
+    :class:`~.store.PrefixStore` (the attributes it uses are the store's)."""
+
+    def set_quotas(self, quotas: QuotaBook) -> None:
+        """Put new tenant rules in force (CONFIG SET tenant-quota): every namespace is matched again
+        and the counters recounted from what is held now. O(namespaces + leases). What a tenant
+        already holds past a lowered limit stays; its next insert or lease is held to the limit."""
+        self.quotas = quotas
+        for rec in self._ns.values():
+            rec.quota = quotas.of(rec.name) if quotas else None
+            if rec.quota is not None:
+                rec.quota.pages += rec.pages
+        for plan in self._plans.values():
+            rec = self._ns.get(plan.ns)
+            if rec is not None and rec.quota is not None:
+                rec.quota.pages += len(plan.new_blocks)
+        for lease in self._leases:
+            quota = self._ns[lease.scope].quota
+            if quota is not None:
+                quota.leases += 1
+                quota.leased += len(lease.blocks)
+
+    def _may_lease(self, owner: int, quota, blocks: int) -> None:
+        """Refuse one more lease of ``blocks`` blocks for ``owner``: past client-lease-limit
+        (BadRequest) or the tenant's quota (OutOfMemory). O(1)."""
+        limit = self.max_leases_per_owner
+        if limit and self._leases.count_of(owner) >= limit:
+            raise BadRequest(f"this connection holds {limit} leases, its limit (client-lease-limit): "
+                             f"release some first")
+        if quota is not None:
+            quota.check_lease(blocks)
+
+    def _leased_changed(self, lease: Lease, blocks: int) -> None:
+        quota = self._ns[lease.scope].quota
+        if quota is not None:
+            quota.leased += blocks
+
+    def _quota_evictable(self, quota) -> int:
+        """Unpinned pages of the namespaces under ``quota``. O(namespaces)."""
+        return sum(rec.pages - rec.pinned for rec in self._ns.values() if rec.quota is quota)
+
+    def _evict_in_quota(self, quota, name: bytes, over: int) -> None:
+        """Evict ``over`` of the group's own pages by policy, ``name``'s first (the caller checked
+        that they are evictable)."""
+        group = [rec for rec in self._ns.values() if rec.quota is quota]
+        for rec in sorted(group, key=lambda r: r.name != name):
+            if over <= 0:
+                break
+            over -= self._evict(over, rec.name, "quota")

@@ -26,7 +26,8 @@ import zlib
 from .allocator import LEASED, TREE, BlockAllocator
 from .arguments import TOKEN_BYTES, integer, namespace_name, packed_tokens, page_span
 from .errors import BadRequest, NoPrefix, OutOfMemory
-from .events import StoreEvents, announce_drop, announce_stored, announce_survivors, announce_trim, check_hashes
+from .events import StoreEvents, announce_drop, announce_stored, announce_trim, check_hashes
+from .evictions import EvictionCommands
 from .figures import StoreFigures
 from .inserts import InsertPlan
 from .invariants import check_store
@@ -36,7 +37,7 @@ from .namespaces import Namespace
 from .policies import EvictionIndex
 from .radix import Node, RadixTree, Totals
 from .registry import POLICIES
-from .quotas import QuotaBook
+from .quotas import QuotaBook, StoreQuotas
 from .results import AllocResult, EvictResult, InsertResult, MatchResult
 
 # Why pages were evicted: room for an insert or allocation, the background low-watermark task,
@@ -44,7 +45,7 @@ from .results import AllocResult, EvictResult, InsertResult, MatchResult
 EVICTION_CAUSES = ("pressure", "watermark", "command", "flush", "quota")
 
 
-class PrefixStore(StoreFigures):
+class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas):
     """Longest-prefix KV-cache store over an arena of blocks; see the module docstring."""
 
     def __init__(self, arena, *, page_size: int = 16, shards: int = 16, policy: str = "guard",
@@ -539,53 +540,6 @@ class PrefixStore(StoreFigures):
 
     # -- leases ---------------------------------------------------------------------------------
 
-    def set_quotas(self, quotas: QuotaBook) -> None:
-        """Put new tenant rules in force (CONFIG SET tenant-quota): every namespace is matched again
-        and the counters recounted from what is held now. O(namespaces + leases). What a tenant
-        already holds past a lowered limit stays; its next insert or lease is held to the limit."""
-        self.quotas = quotas
-        for rec in self._ns.values():
-            rec.quota = quotas.of(rec.name) if quotas else None
-            if rec.quota is not None:
-                rec.quota.pages += rec.pages
-        for plan in self._plans.values():
-            rec = self._ns.get(plan.ns)
-            if rec is not None and rec.quota is not None:
-                rec.quota.pages += len(plan.new_blocks)
-        for lease in self._leases:
-            quota = self._ns[lease.scope].quota
-            if quota is not None:
-                quota.leases += 1
-                quota.leased += len(lease.blocks)
-
-    def _may_lease(self, owner: int, quota, blocks: int) -> None:
-        """Refuse one more lease of ``blocks`` blocks for ``owner``: past client-lease-limit
-        (BadRequest) or the tenant's quota (OutOfMemory). O(1)."""
-        limit = self.max_leases_per_owner
-        if limit and self._leases.count_of(owner) >= limit:
-            raise BadRequest(f"this connection holds {limit} leases, its limit (client-lease-limit): "
-                             f"release some first")
-        if quota is not None:
-            quota.check_lease(blocks)
-
-    def _leased_changed(self, lease: Lease, blocks: int) -> None:
-        quota = self._ns[lease.scope].quota
-        if quota is not None:
-            quota.leased += blocks
-
-    def _quota_evictable(self, quota) -> int:
-        """Unpinned pages of the namespaces under ``quota``. O(namespaces)."""
-        return sum(rec.pages - rec.pinned for rec in self._ns.values() if rec.quota is quota)
-
-    def _evict_in_quota(self, quota, name: bytes, over: int) -> None:
-        """Evict ``over`` of the group's own pages by policy, ``name``'s first (the caller checked
-        that they are evictable)."""
-        group = [rec for rec in self._ns.values() if rec.quota is quota]
-        for rec in sorted(group, key=lambda r: r.name != name):
-            if over <= 0:
-                break
-            over -= self._evict(over, rec.name, "quota")
-
     def _end(self, lease: Lease) -> None:
         self._leases.remove(lease)
         rec = self._ns[lease.scope]
@@ -666,63 +620,6 @@ class PrefixStore(StoreFigures):
         """Clock time of the earliest lease deadline (inf if none): when the daemon should call expire()."""
         return self._leases.next_deadline()
 
-    # -- eviction commands ----------------------------------------------------------------------
-
-    def evict_prefix(self, ns, tokens) -> EvictResult:
-        """Forget every cached sequence that starts with the whole pages of ``tokens``
-        (the last of those pages and everything below it); pinned pages stay and are counted."""
-        name = namespace_name(ns)
-        tokens = packed_tokens(tokens)
-        npages = len(tokens) // self.page_bytes
-        if not npages:
-            raise BadRequest(f"the prefix must hold at least one whole page ({self.page_size} tokens)")
-        rec = self._ns.get(name)
-        tree = rec.trees.get(self._shard(name, tokens)) if rec is not None else None
-        if tree is None:
-            return self._result(0, 0)
-        node, pages, child, extra = tree.walk(tokens, npages)
-        if pages + extra < npages:
-            return self._result(0, 0)
-        # Make the last page of the prefix start a node: that node's subtree is exactly what goes.
-        if child is not None:
-            target = child
-            if extra > 1:
-                tree.split(child, extra - 1)
-        else:
-            target = node
-            if len(node.blocks) > 1:
-                tree.split(node, len(node.blocks) - 1)
-        return self._result(*self._drop(tree, target))
-
-    def evict_pages(self, ns, n: int) -> EvictResult:
-        """Evict up to n pages of ``ns`` chosen by the policy."""
-        name = namespace_name(ns)
-        n = integer(n, "the page count", 0)
-        rec = self._ns.get(name)
-        if rec is None:
-            return self._result(0, 0)
-        evicted = self._evict(n, name, "command")
-        return self._result(evicted, rec.pinned)
-
-    def evict_bytes(self, ns, nbytes: int) -> EvictResult:
-        """Evict pages of ``ns`` by policy until at least nbytes of blocks are freed (or nothing is left)."""
-        nbytes = integer(nbytes, "the byte count", 0)
-        return self.evict_pages(ns, -(-nbytes // self.block_bytes))
-
-    def evict_all(self, ns, *, cause: str = "command") -> EvictResult:
-        """Drop every unpinned page of ``ns`` (``cause``: how INFO counts them, one of EVICTION_CAUSES)."""
-        rec = self._ns.get(namespace_name(ns))
-        if rec is None:
-            return self._result(0, 0)
-        evicted = pinned = 0
-        for tree in rec.trees.values():
-            e, p = self._drop(tree, tree.root, cause)
-            evicted += e
-            pinned += p
-        result = self._result(evicted, pinned)
-        self._retire_if_empty(rec)
-        return result
-
     def _retire_if_empty(self, rec: Namespace) -> None:
         """Forget a namespace that holds no page, lease or insert in flight (its counters stay in the totals)."""
         if rec.holds_anything:
@@ -733,36 +630,6 @@ class PrefixStore(StoreFigures):
         del self._ns[rec.name]
         self._index.forget_scope(rec.name)
         self.namespace_epoch += 1
-
-    def flush(self) -> EvictResult:
-        """Drop every unpinned page of every namespace, and what the eviction policy learned from them.
-
-        KV events: one "all cleared" for the lot, then the pages leases kept are announced again.
-        """
-        events, self._events = self._events, None
-        names = [name for name in self.namespaces() if type(name) is bytes]  # not DEL's tombstones
-        evicted = pinned = 0
-        try:
-            for name in list(self._ns):
-                e, _, p = self.evict_all(name, cause="flush")
-                evicted += e
-                pinned += p
-        finally:
-            self._events = events
-        self.set_policy(self.policy)  # a fresh index: a learning policy starts over
-        if events is not None:
-            events.all_cleared(names)
-            for rec in self._ns.values():
-                for tree in rec.trees.values():
-                    announce_survivors(events, tree)
-        return self._result(evicted, pinned)
-
-    def evict_to_watermark(self, low_free_blocks: int) -> EvictResult:
-        """Evict by policy across namespaces until at least ``low_free_blocks`` blocks are free."""
-        low = integer(low_free_blocks, "the free-block watermark", 0)
-        short = low - self._alloc.free_count
-        evicted = self._evict(short, None, "watermark") if short > 0 and self.evicting else 0
-        return self._result(evicted, self._totals.pages - self._totals.unpinned)
 
     # -- policy ---------------------------------------------------------------------------------
 
