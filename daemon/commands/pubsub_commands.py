@@ -42,36 +42,24 @@ def _subscriptions(ctx: Any) -> ClientSubscriptions:
     return client.pubsub
 
 
-@handles("subscribe")
+#: SUBSCRIBE's three forms: the hub's method, and the count each reply carries.
+_SUBSCRIBE_FORMS = {
+    b"subscribe": ("subscribe", lambda subs: subs.count),
+    b"psubscribe": ("psubscribe", lambda subs: subs.count),
+    b"ssubscribe": ("ssubscribe", lambda subs: len(subs.shard_channels)),
+}
+
+
+@handles("subscribe", "psubscribe", "ssubscribe")
 def subscribe(ctx: Any, argv: list[bytes]) -> Any:
+    kind = argv[0].lower()
+    method, count = _SUBSCRIBE_FORMS[kind]
     subs = _subscriptions(ctx)
-    hub = ctx.server.pubsub
+    join = getattr(ctx.server.pubsub, method)
     replies = []
     for channel in argv[1:]:
-        hub.subscribe(ctx.client, channel)
-        replies.append(Push([b"subscribe", channel, subs.count]))
-    return Replies(replies)
-
-
-@handles("psubscribe")
-def psubscribe(ctx: Any, argv: list[bytes]) -> Any:
-    subs = _subscriptions(ctx)
-    hub = ctx.server.pubsub
-    replies = []
-    for pattern in argv[1:]:
-        hub.psubscribe(ctx.client, pattern)
-        replies.append(Push([b"psubscribe", pattern, subs.count]))
-    return Replies(replies)
-
-
-@handles("ssubscribe")
-def ssubscribe(ctx: Any, argv: list[bytes]) -> Any:
-    subs = _subscriptions(ctx)
-    hub = ctx.server.pubsub
-    replies = []
-    for channel in argv[1:]:
-        hub.ssubscribe(ctx.client, channel)
-        replies.append(Push([b"ssubscribe", channel, len(subs.shard_channels)]))
+        join(ctx.client, channel)
+        replies.append(Push([kind, channel, count(subs)]))
     return Replies(replies)
 
 
