@@ -32,6 +32,7 @@ from .config_kinds import (
     String,
 )
 
+from .config_partitions import ArenaPartitions
 from .redis_directives import REDIS_DIRECTIVES
 
 __all__ = ["ALL_DIRECTIVES", "DIRECTIVES", "REDIS_ONLY"]
@@ -249,6 +250,16 @@ DIRECTIVES: tuple[Directive, ...] = (
         name="arena-name", kind=String(), default="pfxcache", mutable=False,
         doc="Prefix of the shared-memory file's name. At startup, files with this prefix left "
         "by a daemon that no longer runs are removed.",
+    ),
+    Directive(
+        name="arena-partition", kind=ArenaPartitions(), default=(), mutable=False,
+        doc="Per-tenant partitions of the shm arena, by namespace pattern (the glob of the tenant's "
+        "ACL key pattern) and size (blocks, or bytes with a unit: \"tenant-a:* 64mb\"), one line "
+        "each, in block order. The namespaces matching a partition (the first that matches) store "
+        "only in its blocks, and a full partition evicts only its own pages; the others share the "
+        "rest of maxmemory. Each partition is a memfd of its own that PFXATTACH hands, over the "
+        "unix socket, only to users whose key patterns cover it (read-only for %R~ patterns). "
+        "Sizes are rounded up to whole memory pages. shm arena only; startup only.",
     ),
     # --- KV events: what the store caches, for KV-aware routers (vLLM's ZMQ format) and pub/sub ---
     Directive(

@@ -38,6 +38,7 @@ A writer on one shard therefore never delays readers of another shard.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import time
 from typing import Any, NamedTuple
@@ -48,7 +49,10 @@ from .forked_check import check_in_child
 from .memory import MemoryAccount, MemoryFigures
 from .rwlock import RWLock
 from .store import PrefixStore
+from .config_partitions import partition_blocks
 from .store.arena import MemfdArena, MemoryArena, ShmArena
+from .store.partitioned_arena import PartitionedMemfdArena
+from .store.partitions import block_alignment, plan_layout
 from .store.cuda_arena import CudaArena
 from .store.errors import BadRequest
 from .store.quotas import QuotaBook
@@ -95,11 +99,22 @@ class PrefixService:
                 f"maxmemory ({config['maxmemory']} bytes) holds no block of block-bytes {block_bytes}"
             )
         backend = config["arena"]
+        partitions = partition_blocks(config["arena-partition"], block_bytes)
+        align = block_alignment(block_bytes, mmap.PAGESIZE)
+        if partitions and backend != "shm":
+            raise ValueError(f"arena-partition needs the shm arena (arena is {backend}): only shared memory "
+                             f"is handed to workers partition by partition")
         if backend == "shm":
             # Earlier versions kept the arena in a /dev/shm file: remove what dead ones left.
             ShmArena.cleanup_stale(prefix=f"{config['arena-name']}-")
             name = f"{config['arena-name']}-{os.getpid()}-{tcp_port}"
-            self.arena = MemfdArena(block_bytes, nblocks, name=name)
+            if partitions:
+                layout = plan_layout(partitions, nblocks, align)  # ValueError: they do not fit
+                self.arena = PartitionedMemfdArena(
+                    block_bytes, [(str(number), first, count) for number, (_, first, count) in enumerate(layout)],
+                    name=name)
+            else:
+                self.arena = MemfdArena(block_bytes, nblocks, name=name)
         elif backend == "memory":
             self.arena = MemoryArena(block_bytes, nblocks)
         elif backend == "cuda":
@@ -119,6 +134,7 @@ class PrefixService:
             fence_expired=True,
             quotas=self._quota_book(config["tenant-quota"]),
             max_leases_per_owner=config["client-lease-limit"],
+            partitions=partitions, partition_match=glob, partition_align=align,
         )
         self.locks = [RWLock() for _ in range(config["shards"])]
         self._keyspace_baseline: dict[str, int] = {}
@@ -400,6 +416,7 @@ class PrefixService:
                 **self.arena.describe(),
                 "blocks-total": self.arena.nblocks,
                 "blocks-free": store.stats()["blocks_free"],
+                **({"partitions": store.partitions()} if store.parts else {}),
             },
             "policy": store.policy,
             "policy-state": {k.replace("_", "-"): v for k, v in store.policy_state().items()},

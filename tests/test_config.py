@@ -206,6 +206,7 @@ EXPECTED_DEFAULTS = {
     "prompt-max-tokens": 1 << 20,
     "arena": "shm",
     "arena-name": "pfxcache",
+    "arena-partition": [],
     "metrics-port": 0,
     "metrics-bind": ["127.0.0.1"],
     "metrics-namespaces": 100,
@@ -248,7 +249,7 @@ def test_mutability_matches_redis():
         "tcp-backlog", "unixsocket", "unixsocketperm", "logfile", "pidfile", "databases", "daemonize", "aclfile",
         # ours: the arena and the tree's geometry are fixed for the life of the process
         "maxmemory", "page-size", "block-bytes", "shards", "arena", "arena-name",
-        "arena-device",
+        "arena-device", "arena-partition",
         # ours: the metrics endpoint is opened once, at start-up
         "metrics-port", "metrics-bind",
         # immutable in redis-server too

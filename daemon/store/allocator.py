@@ -49,19 +49,26 @@ def _distinct_sorted(idx: np.ndarray, what: str) -> np.ndarray:
 
 
 class BlockAllocator:
-    """O(1)-per-block allocation and release of block ids ``0..nblocks-1``."""
+    """O(1)-per-block allocation and release of block ids ``first..first+nblocks-1``.
 
-    def __init__(self, nblocks: int) -> None:
+    ``first`` and ``state``: an arena partition's allocator owns the ids of its range only and
+    keeps their states in the one state array of the whole arena (partitions.py), so a block's
+    state is read the same way whatever partition holds it.
+    """
+
+    def __init__(self, nblocks: int, *, first: int = 0, state: bytearray | None = None) -> None:
         self.nblocks = nblocks
-        self._fresh = 0  # blocks _fresh..nblocks-1 were never handed out: all free
-        self._returned = array("I" if nblocks <= 2**32 else "Q")  # freed blocks, reused last-in first-out
-        self._state = bytearray(nblocks)  # all FREE
+        self.first = first
+        self.end = first + nblocks
+        self._fresh = first  # blocks _fresh..end-1 were never handed out: all free
+        self._returned = array("I" if self.end <= 2**32 else "Q")  # freed blocks, reused last-in first-out
+        self._state = bytearray(nblocks) if state is None else state  # all FREE
         self._counts = [nblocks, 0, 0]
 
     @property
     def free_count(self) -> int:
         """Blocks that are free."""
-        return len(self._returned) + self.nblocks - self._fresh
+        return len(self._returned) + self.end - self._fresh
 
     def count(self, state: int) -> int:
         """How many blocks are in ``state``."""
@@ -188,13 +195,13 @@ class BlockAllocator:
             if b in seen:
                 problems.append(f"block {b} twice on the free stack")
             seen.add(b)
-            if b >= self._fresh:
+            if not self.first <= b < self._fresh:
                 problems.append(f"block {b} on the free stack but never handed out")
             if self._state[b] != FREE:
                 problems.append(f"block {b} on the free stack but {STATE_NAMES[self._state[b]]}")
-        if self._state.count(FREE, self._fresh) != self.nblocks - self._fresh:
+        if self._state.count(FREE, self._fresh, self.end) != self.end - self._fresh:
             problems.append(f"a block at or above {self._fresh} (never handed out) is not free")
-        actual = [self._state.count(s) for s in (FREE, TREE, LEASED)]
+        actual = [self._state.count(s, self.first, self.end) for s in (FREE, TREE, LEASED)]
         if actual != self._counts:
             problems.append(f"state counts {self._counts} != actual {actual}")
         if actual[FREE] != self.free_count:

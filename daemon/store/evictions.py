@@ -95,8 +95,15 @@ class EvictionCommands:
         return self._result(evicted, pinned)
 
     def evict_to_watermark(self, low_free_blocks: int) -> EvictResult:
-        """Evict by policy across namespaces until at least ``low_free_blocks`` blocks are free."""
+        """Evict by policy across namespaces until at least ``low_free_blocks`` blocks are free
+        (with arena partitions: until each has its proportional share of them free)."""
         low = integer(low_free_blocks, "the free-block watermark", 0)
+        if self.parts:  # each arena partition keeps its share free, with its own pages
+            evicted = 0
+            for part in self.parts:
+                short = low * part.nblocks // self.nblocks - part.alloc.free_count
+                evicted += self._evict(short, None, "watermark", part) if short > 0 and self.evicting else 0
+            return self._result(evicted, self._totals.pages - self._totals.unpinned)
         short = low - self._alloc.free_count
         evicted = self._evict(short, None, "watermark") if short > 0 and self.evicting else 0
         return self._result(evicted, self._totals.pages - self._totals.unpinned)

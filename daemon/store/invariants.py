@@ -55,7 +55,8 @@ def check_store(store) -> list[str]:
         if RadixTree.depth_pages(plan.node) != plan.start:
             problems.append(f"insert plan {plan.id}: pinned prefix no longer ends at page {plan.start}")
 
-    candidates = []
+    indexes = [part.index for part in store.parts] or [store._index]  # one per arena partition
+    candidates: dict[int, list] = {id(index): [] for index in indexes}
     live_nodes = set()
     pages = unpinned = 0
     for rec in store._ns.values():
@@ -63,7 +64,7 @@ def check_store(store) -> list[str]:
             problems.append(f"namespace {rec.name!r} counts {rec.leases} leases, has "
                             f"{lease_counts.get(rec.name, 0)}")
         for shard, tree in rec.trees.items():
-            if tree.shard != shard or tree.scope != rec.name or tree.index is not store._index:
+            if tree.shard != shard or tree.scope != rec.name or tree.index is not store._index_of(rec):
                 problems.append(f"tree {rec.name!r}/{shard} misfiled")
             tree_problems, nodes = tree.check(direct)
             problems += tree_problems
@@ -74,7 +75,7 @@ def check_store(store) -> list[str]:
                 for b in node.blocks:
                     claim(b, node, TREE)
                 if node.lock_ref == 0 and not node.children:
-                    candidates.append(node)
+                    candidates.setdefault(id(tree.index), []).append(node)
                 if node.parent is tree.root and store._shard(rec.name, node.key) != shard:
                     problems.append(f"node {node!r} of {rec.name!r} is in shard {shard}, hashes elsewhere")
     for lease in store._leases:
@@ -108,5 +109,6 @@ def check_store(store) -> list[str]:
                             f"{(quota.pages, quota.leases, quota.leased)}, holds {counted}")
     if sum(store.evictions_by_cause.values()) != store.evictions:
         problems.append(f"evictions by cause {store.evictions_by_cause} do not add up to {store.evictions}")
-    problems += store._index.check(candidates)
-    return problems
+    for index in indexes:
+        problems += index.check(candidates[id(index)])
+    return problems + store.check_partitions()

@@ -194,7 +194,7 @@ class NamespaceKeys:
                 announce_deleted(store.events, tree)
         tomb = Tombstone(name)
         del store._ns[name]
-        store._index.forget_scope(name)
+        store._index_of(rec).forget_scope(name)
         rec.name = tomb
         rec.deleted = True
         rec.expires_at = None

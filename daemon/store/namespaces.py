@@ -12,7 +12,7 @@ class Namespace:
     """Per-namespace trees and counters."""
 
     __slots__ = ("access", "deleted", "evictions", "expires_at", "hits", "inserts", "leases", "misses", "name",
-                 "quota", "stored", "trees")
+                 "part", "quota", "stored", "trees")
 
     def __init__(self, name: bytes) -> None:
         self.name = name
@@ -27,6 +27,7 @@ class Namespace:
         self.expires_at: int | None = None  # Unix ms when the whole namespace expires (EXPIRE)
         self.deleted = False  # DEL'd while pinned: a tombstone waiting for its leases (keyspace.py)
         self.quota = None  # quotas.Quota of the tenant rule it falls under, or None
+        self.part = None  # partitions.Partition its blocks come from (None: the arena is not partitioned)
 
     @property
     def pages(self) -> int:

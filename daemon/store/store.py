@@ -37,6 +37,7 @@ from .namespaces import Namespace
 from .policies import EvictionIndex
 from .radix import Node, RadixTree, Totals
 from .registry import POLICIES
+from .partitions import StorePartitions
 from .quotas import QuotaBook, StoreQuotas
 from .results import AllocResult, EvictResult, InsertResult, MatchResult
 
@@ -45,13 +46,16 @@ from .results import AllocResult, EvictResult, InsertResult, MatchResult
 EVICTION_CAUSES = ("pressure", "watermark", "command", "flush", "quota")
 
 
-class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas):
+class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas, StorePartitions):
     """Longest-prefix KV-cache store over an arena of blocks; see the module docstring."""
 
     def __init__(self, arena, *, page_size: int = 16, shards: int = 16, policy: str = "guard",
                  lease_ttl_ms: int = 30000, clock=time.monotonic, max_alloc: int | None = None,
                  fence_expired: bool = False, quotas: QuotaBook | None = None,
-                 max_leases_per_owner: int = 0) -> None:
+                 max_leases_per_owner: int = 0, partitions=(), partition_match=None,
+                 partition_align: int = 1) -> None:
+        """``partitions``: ``(pattern, nblocks)`` pairs, the arena's partitions in block order
+        (partitions.py; the remainder after them); the arena must be laid out the same way."""
         if not isinstance(page_size, int) or page_size < 1:
             raise BadRequest("page_size must be a positive integer")
         if not isinstance(shards, int) or shards < 1:
@@ -77,6 +81,8 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas):
         self._alloc = BlockAllocator(arena.nblocks)
         self._index = EvictionIndex(POLICIES[policy], capacity=arena.nblocks, page_bytes=self.page_bytes)
         self._totals = Totals()
+        self._set_partitions(partitions, partition_match, align=partition_align, make_index=lambda capacity:
+                             EvictionIndex(POLICIES[policy], capacity=capacity, page_bytes=self.page_bytes))
         self._ns: dict[bytes, Namespace] = {}
         self._leases = LeaseTable()
         self._leased_by: dict[int, int] = {}  # block -> id of the ALLOC lease holding it
@@ -144,7 +150,9 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas):
     def _tree(self, rec: Namespace, shard: int) -> RadixTree:
         tree = rec.trees.get(shard)
         if tree is None:
-            tree = rec.trees[shard] = RadixTree(self.page_bytes, self._index, self._totals, rec.name, shard)
+            part = rec.part
+            tree = rec.trees[shard] = RadixTree(self.page_bytes, self._index if part is None else part.index,
+                                                self._totals if part is None else part.totals, rec.name, shard)
         return tree
 
     def _namespace(self, name: bytes) -> Namespace:
@@ -155,22 +163,28 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas):
             rec = self._ns[name] = Namespace(name)
             if self.quotas:
                 rec.quota = self.quotas.of(name)
+            if self.parts:
+                rec.part = self._part_of(name)
             self.namespace_epoch += 1
         return rec
 
-    def _fits(self, n: int, pin_cost: int = 0) -> bool:
+    def _fits(self, n: int, pin_cost: int = 0, part=None) -> bool:
+        """Whether ``n`` blocks can be had, freeing some by eviction; within ``part`` when there are
+        partitions (the namespace's: a full one makes room with its own pages only)."""
+        alloc, totals = (self._alloc, self._totals) if part is None else (part.alloc, part.totals)
         if not self.evicting:  # noeviction: only free blocks count
-            return self._alloc.free_count >= n
-        return self._alloc.free_count + self._totals.unpinned - pin_cost >= n
+            return alloc.free_count >= n
+        return alloc.free_count + totals.unpinned - pin_cost >= n
 
-    def _oom(self, n: int) -> OutOfMemory:
+    def _oom(self, n: int, part=None) -> OutOfMemory:
         self.oom_refusals += 1
-        t = self._totals
+        alloc, t = (self._alloc, self._totals) if part is None else (part.alloc, part.totals)
+        where = "" if part is None else f" in arena partition '{part.name}'"
         if not self.evicting:
-            return OutOfMemory(f"cannot allocate {n} blocks: {self._alloc.free_count} free and "
+            return OutOfMemory(f"cannot allocate {n} blocks{where}: {alloc.free_count} free and "
                                f"maxmemory-policy is noeviction")
-        return OutOfMemory(f"cannot allocate {n} blocks: {self._alloc.free_count} free, {t.unpinned} evictable, "
-                           f"{t.pages - t.unpinned} cached pages pinned, {self._alloc.count(LEASED)} leased")
+        return OutOfMemory(f"cannot allocate {n} blocks{where}: {alloc.free_count} free, {t.unpinned} evictable, "
+                           f"{t.pages - t.unpinned} cached pages pinned, {alloc.count(LEASED)} leased")
 
     @staticmethod
     def _pin_cost(node: Node, child: Node | None, extra: int) -> int:
@@ -181,17 +195,27 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas):
             node = node.parent
         return cost
 
-    def _reserve(self, n: int) -> list[int]:
-        """Evict just enough, then take n blocks into state LEASED (the caller checked _fits)."""
+    def _reserve(self, n: int, part=None) -> list[int]:
+        """Evict just enough, then take n blocks into state LEASED (the caller checked _fits);
+        from ``part`` and with its own pages when there are partitions."""
+        if part is not None:
+            short = n - part.alloc.free_count
+            if short > 0:
+                self._evict(short, None, "pressure", part)
+            return part.alloc.take(n, LEASED)
         short = n - self._alloc.free_count
         if short > 0:
             self._evict(short, None, "pressure")
         return self._alloc.take(n, LEASED)
 
-    def _evict(self, n: int, scope: bytes | None, cause: str) -> int:
-        """Evict up to n pages chosen by the policy (globally or in one namespace); O(k log n)."""
+    def _evict(self, n: int, scope: bytes | None, cause: str, part=None) -> int:
+        """Evict up to n pages chosen by the policy (globally, in one partition, or in one
+        namespace); O(k log n)."""
         now = self._clock()
-        best = self._index.best
+        if part is None and scope is not None and self.parts:
+            scoped = self._ns.get(scope)
+            part = scoped.part if scoped is not None else None
+        best = (self._index if part is None else part.index).best
         events, touched, records = self._events, self.touched, self._ns
         evicted = 0
         freed: list[int] = []
@@ -289,7 +313,8 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas):
                         rec.quota.leases += 1
                         rec.quota.leased += len(blocks)
         if npages:
-            self._index.looked_up(name, tokens, npages, pages, node)
+            index = self._index if not self.parts else (rec.part or self._part_of(name)).index
+            index.looked_up(name, tokens, npages, pages, node)
         matched = pages * self.page_size
         missed = len(tokens) // TOKEN_BYTES - matched
         rec.hits += matched
@@ -364,6 +389,12 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas):
                            f"only {cached * self.page_size} are")
         new = npages - cached
         quota = rec.quota if rec is not None else (self.quotas.of(name) if self.quotas else None)
+        part = (rec.part if rec is not None else self._part_of(name)) if self.parts else None
+        if given is not None and part is not None:
+            outside = self._foreign_blocks(part, (b for b, _ in given))
+            if outside is not None:
+                raise BadRequest(f"block {outside} is not in the arena partition of this namespace "
+                                 f"('{part.name}'): allocate its blocks with PFXALLOC on this key")
         over = quota.pages_over(new) if quota is not None else 0
         if over:
             # The tenant's own pages make room, never the prefix this insert extends (pinned below
@@ -373,10 +404,10 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas):
                 raise quota.refuse_pages(new)
         if given is None and new:
             cost = self._pin_cost(node, child, extra) if node is not None else 0
-            if not self._fits(new, cost) and self.expire():
+            if not self._fits(new, cost, part) and self.expire():
                 cost = self._pin_cost(node, child, extra) if node is not None else 0
-            if not self._fits(new, cost):
-                raise self._oom(new)
+            if not self._fits(new, cost, part):
+                raise self._oom(new, part)
         # Validated: from here on nothing can fail.
         tree = self._tree(self._namespace(name), shard)
         if node is None:
@@ -392,7 +423,7 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas):
         if over:
             self._evict_in_quota(quota, name, over)
         if given is None:
-            plan.new_blocks = self._reserve(new)
+            plan.new_blocks = self._reserve(new, part)
         else:
             for b, lease in given:
                 del lease.blocks[b]
@@ -442,7 +473,7 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas):
             self._alloc.release(plan.dup_blocks)
         tree.unpin(plan.node)
         tree.touch(end, now, hit=False)
-        self._index.stored(plan.ns, plan.tokens, plan.npages)
+        tree.index.stored(plan.ns, plan.tokens, plan.npages)
         rec = self._ns[plan.ns]
         rec.inserts += 1
         rec.stored += stored
@@ -521,11 +552,12 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas):
         rec = self._ns.get(name)
         quota = rec.quota if rec is not None else (self.quotas.of(name) if self.quotas else None)
         self._may_lease(owner, quota, n)
-        if not self._fits(n):
+        part = (rec.part if rec is not None else self._part_of(name)) if self.parts else None
+        if not self._fits(n, 0, part):
             self.expire()
-            if not self._fits(n):
-                raise self._oom(n)
-        blocks = self._reserve(n)  # first: its evictions may retire this namespace if it is empty
+            if not self._fits(n, 0, part):
+                raise self._oom(n, part)
+        blocks = self._reserve(n, part)  # first: its evictions may retire this namespace if it is empty
         # The writer may commit blocks it never wrote: they must not show their last owner's bytes.
         self.arena.zero(blocks)
         rec = self._namespace(name)
@@ -628,7 +660,7 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas):
             return
         self._retired.absorb(rec)
         del self._ns[rec.name]
-        self._index.forget_scope(rec.name)
+        self._index_of(rec).forget_scope(rec.name)
         self.namespace_epoch += 1
 
     # -- policy ---------------------------------------------------------------------------------
@@ -642,9 +674,13 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas):
         """Switch the eviction policy at runtime (rebuilds the candidate index: O(n log n) once)."""
         if name not in POLICIES:
             raise BadRequest(f"unknown eviction policy {name!r} (known: {', '.join(POLICIES)})")
-        candidates = [node for rec in self._ns.values() for tree in rec.trees.values()
-                      for node in tree.subtree(tree.root) if node.evictable]
-        self._index.rebuild(POLICIES[name], candidates)
+        indexes = [part.index for part in self.parts] or [self._index]  # one per arena partition
+        candidates: dict[int, list] = {id(index): [] for index in indexes}
+        for rec in self._ns.values():
+            candidates[id(self._index_of(rec))] += [node for tree in rec.trees.values()
+                                                    for node in tree.subtree(tree.root) if node.evictable]
+        for index in indexes:
+            index.rebuild(POLICIES[name], candidates[id(index)])
 
     def policy_state(self) -> dict:
         """What the eviction policy has learned (empty unless it learns: see reuse.ReusePolicy.describe)."""
