@@ -26,6 +26,7 @@ from math import gcd
 import numpy as np
 
 from .allocator import STATE_NAMES, TREE, BlockAllocator
+from .errors import BadRequest
 from .radix import Totals
 
 #: The pattern the remainder is reported under (it takes every namespace no partition matches).
@@ -176,9 +177,6 @@ class PartitionedAllocator:
             groups.setdefault(self.part_of(b).number, []).append(b)
         return ((self.parts[number].alloc, group) for number, group in groups.items())
 
-    def take(self, n: int, state: int, part: Partition) -> list[int]:
-        return part.alloc.take(n, state)
-
     def release(self, ids: list[int]) -> None:
         for alloc, group in self._split(ids):
             alloc.release(group)
@@ -229,6 +227,22 @@ class StorePartitions:
         if part is None:
             return None
         return next((b for b in blocks if not part.first <= b < part.end), None)
+
+    def _given_in(self, part: Partition, given) -> None:
+        """Refuse (BadRequest) committing into a namespace of ``part`` blocks allocated elsewhere."""
+        outside = self._foreign_blocks(part, (b for b, _ in given))
+        if outside is not None:
+            raise BadRequest(f"block {outside} is not in the arena partition of this namespace "
+                             f"('{part.name}'): allocate its blocks with PFXALLOC on this key")
+
+    def _candidates_by_index(self) -> list[tuple[object, list]]:
+        """Every eviction index (one per partition, or the store's) with the unpinned leaves it indexes."""
+        indexes = [part.index for part in self.parts] or [self._index]
+        candidates: dict[int, list] = {id(index): [] for index in indexes}
+        for rec in self._ns.values():
+            candidates[id(self._index_of(rec))] += [node for tree in rec.trees.values()
+                                                    for node in tree.subtree(tree.root) if node.evictable]
+        return [(index, candidates[id(index)]) for index in indexes]
 
     def partitions(self) -> list[dict]:
         """Each partition's range and what it holds (empty: none configured)."""

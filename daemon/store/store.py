@@ -54,8 +54,6 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas, StorePartitions):
                  fence_expired: bool = False, quotas: QuotaBook | None = None,
                  max_leases_per_owner: int = 0, partitions=(), partition_match=None,
                  partition_align: int = 1) -> None:
-        """``partitions``: ``(pattern, nblocks)`` pairs, the arena's partitions in block order
-        (partitions.py; the remainder after them); the arena must be laid out the same way."""
         if not isinstance(page_size, int) or page_size < 1:
             raise BadRequest("page_size must be a positive integer")
         if not isinstance(shards, int) or shards < 1:
@@ -198,15 +196,11 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas, StorePartitions):
     def _reserve(self, n: int, part=None) -> list[int]:
         """Evict just enough, then take n blocks into state LEASED (the caller checked _fits);
         from ``part`` and with its own pages when there are partitions."""
-        if part is not None:
-            short = n - part.alloc.free_count
-            if short > 0:
-                self._evict(short, None, "pressure", part)
-            return part.alloc.take(n, LEASED)
-        short = n - self._alloc.free_count
+        alloc = self._alloc if part is None else part.alloc
+        short = n - alloc.free_count
         if short > 0:
-            self._evict(short, None, "pressure")
-        return self._alloc.take(n, LEASED)
+            self._evict(short, None, "pressure", part)
+        return alloc.take(n, LEASED)
 
     def _evict(self, n: int, scope: bytes | None, cause: str, part=None) -> int:
         """Evict up to n pages chosen by the policy (globally, in one partition, or in one
@@ -389,12 +383,9 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas, StorePartitions):
                            f"only {cached * self.page_size} are")
         new = npages - cached
         quota = rec.quota if rec is not None else (self.quotas.of(name) if self.quotas else None)
-        part = (rec.part if rec is not None else self._part_of(name)) if self.parts else None
+        part = rec.part if rec is not None else self._part_of(name)
         if given is not None and part is not None:
-            outside = self._foreign_blocks(part, (b for b, _ in given))
-            if outside is not None:
-                raise BadRequest(f"block {outside} is not in the arena partition of this namespace "
-                                 f"('{part.name}'): allocate its blocks with PFXALLOC on this key")
+            self._given_in(part, given)
         over = quota.pages_over(new) if quota is not None else 0
         if over:
             # The tenant's own pages make room, never the prefix this insert extends (pinned below
@@ -552,7 +543,7 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas, StorePartitions):
         rec = self._ns.get(name)
         quota = rec.quota if rec is not None else (self.quotas.of(name) if self.quotas else None)
         self._may_lease(owner, quota, n)
-        part = (rec.part if rec is not None else self._part_of(name)) if self.parts else None
+        part = rec.part if rec is not None else self._part_of(name)
         if not self._fits(n, 0, part):
             self.expire()
             if not self._fits(n, 0, part):
@@ -674,13 +665,8 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas, StorePartitions):
         """Switch the eviction policy at runtime (rebuilds the candidate index: O(n log n) once)."""
         if name not in POLICIES:
             raise BadRequest(f"unknown eviction policy {name!r} (known: {', '.join(POLICIES)})")
-        indexes = [part.index for part in self.parts] or [self._index]  # one per arena partition
-        candidates: dict[int, list] = {id(index): [] for index in indexes}
-        for rec in self._ns.values():
-            candidates[id(self._index_of(rec))] += [node for tree in rec.trees.values()
-                                                    for node in tree.subtree(tree.root) if node.evictable]
-        for index in indexes:
-            index.rebuild(POLICIES[name], candidates[id(index)])
+        for index, candidates in self._candidates_by_index():  # one index per arena partition
+            index.rebuild(POLICIES[name], candidates)
 
     def policy_state(self) -> dict:
         """What the eviction policy has learned (empty unless it learns: see reuse.ReusePolicy.describe)."""
