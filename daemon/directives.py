@@ -161,7 +161,7 @@ DIRECTIVES: tuple[Directive, ...] = (
         "reserved at startup and cut into maxmemory / block-bytes blocks.",
     ),
     Directive(
-        name="maxmemory-policy", kind=Enum(("lru", "lfu", "hybrid", "ghost", "reuse", "guard", "noeviction"),
+        name="maxmemory-policy", kind=Enum(("lru", "lfu", "hybrid", "ghost", "reuse", "tempo", "guard", "noeviction"),
                                               synonyms=_REDIS_POLICIES), default="guard",
         doc="Which unpinned leaf pages go first when blocks are needed: lru (least recently "
         "used), lfu (least frequently used, then least recent), hybrid (highest "
@@ -169,8 +169,10 @@ DIRECTIVES: tuple[Directive, ...] = (
         "pages nobody continues at the LRU end; continuations of hit or recently evicted "
         "prefixes stay protected), reuse (LRU plus a learned boost for prefixes whose "
         "last reuse came quickly: the classes of access that come back sooner than "
-        "average are kept longer; plain LRU when nothing predicts a return), guard (the "
-        "default: the order of whichever of lru, reuse, ghost and hybrid hit most in "
+        "average are kept longer; plain LRU when nothing predicts a return), tempo (each "
+        "conversation kept as long as its own pace of turns says it comes back: the "
+        "slowest and the long overdue go first), guard (the "
+        "default: the order of whichever of lru, reuse, ghost, hybrid and tempo hit most in "
         "miniature simulations of a sample of the pages, LRU's as soon as the cache "
         "falls behind what LRU would hit), noeviction (never evict: writes "
         "answer -OOM once the arena is full; PFXEVICT still works). redis-server's names are "

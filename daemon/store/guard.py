@@ -2,9 +2,9 @@
 
 Each policy wins on the shape it suits and can lose to plain LRU elsewhere
 (reuse kept 0.83x of LRU on tests/test_guard_policy.py's fooling workload).
-The guard indexes every candidate in the order of four experts, ``lru``,
-``reuse``, ``ghost`` and ``hybrid`` (in ticks), one lazy heap (or bucket
-set) each over the same leaves, and lets the one that would have hit most,
+The guard indexes every candidate in the order of five experts, ``lru``,
+``reuse``, ``ghost``, ``hybrid`` (in ticks) and ``tempo``, one lazy heap (or
+bucket set) each over the same leaves, and lets the one that would have hit most,
 recently, choose the victims. "Would have hit" comes from miniature
 simulations (SHARDS: Waldspurger et al., "Cache Modeling and Optimization
 using Miniature Simulations", USENIX ATC 2017): one metadata-only prefix
@@ -24,7 +24,10 @@ recent than the page); the others are their policy at scale ``rate``.
 
 Decisions, every DECIDE_EVERY sampled lookups, on hit counts that halve
 every HALFLIFE of them: the expert whose miniature hit most takes over when
-it beat the driving one by MARGIN (BACK_MARGIN for LRU: doubt favours LRU);
+it beat the driving one by MARGIN (BACK_MARGIN for LRU: doubt favours LRU)
+and by SWITCH_Z standard deviations of the difference (hit counts taken as
+Poisson counts: early on, a lead of a few pages is noise, and a switch on
+noise once cost trace 2 % 0.11x LRU through the veto that followed);
 reuse drives at the start (untrained, its order is LRU's). And a check that
 needs no model: while another expert drives, the real cache's hits on the
 sampled pages are compared with the LRU miniature's; when they fall more
@@ -35,8 +38,8 @@ suite (pfxcache.tools.workloads.TUNING) and the fooling workload's test.
 
 Costs: per lookup and store, one vectorised hash of the prompt (numpy,
 O(tokens)) and the miniature caches' own O(log n) steps on the sampled pages;
-per candidate, one heap entry per expert. Extra memory is bounded: four
-miniatures of at most SAMPLE_PAGES pages, reuse's and ghost's ghosts. Every
+per candidate, one heap entry per expert. Extra memory is bounded: five
+miniatures of at most SAMPLE_PAGES pages, reuse's, ghost's and tempo's ghosts. Every
 expert counts in ticks and events, never seconds, so replays in process and
 through the daemon agree to the token.
 """
@@ -44,6 +47,7 @@ through the daemon agree to the token.
 from __future__ import annotations
 
 import heapq
+import math
 import zlib
 
 import numpy as np
@@ -51,6 +55,7 @@ import numpy as np
 from .policies import GhostPolicy, HybridPolicy, LRUPolicy, _bucket
 from .radix import RadixTree, Totals
 from .reuse import ReusePolicy
+from .tempo import TempoPolicy
 
 SAMPLE_PAGES = 4096  # pages each miniature cache holds at most (its sampling rate follows) ...
 MAX_RATE = 1.0  # ... and the largest share of pages sampled
@@ -59,6 +64,7 @@ HALFLIFE = 1024  # sampled lookups after which a hit counts half
 START = "reuse"  # untrained, reuse's order is LRU's: it may as well drive from the start
 MARGIN = 0.02  # reuse takes over once its miniature hits 2 % more than the LRU miniature
 BACK_MARGIN = 0.01  # ... and LRU once it hits 1 % more than reuse's (between the two: no change)
+SWITCH_Z = 1.0  # ... and by this many standard deviations of the difference (hits as counts): no switch on noise
 VETO_MARGIN = 0.01  # the real cache more than 1 % below the LRU miniature: LRU takes over ...
 VETO_DECISIONS = 64  # ... for 64 decisions, twice as long each further time
 
@@ -283,7 +289,8 @@ class TickHybridPolicy(HybridPolicy):
         return super().peek(float(self.clock.now))
 
 
-EXPERTS = {"lru": LRUPolicy, "reuse": ReusePolicy, "ghost": GhostPolicy, "hybrid": TickHybridPolicy}
+EXPERTS = {"lru": LRUPolicy, "reuse": ReusePolicy, "ghost": GhostPolicy, "hybrid": TickHybridPolicy,
+           "tempo": TempoPolicy}
 
 
 class _Orders:
@@ -323,7 +330,7 @@ class _ScopedGuard(_Orders):
     def __init__(self, guard: GuardPolicy) -> None:
         orders = guard.orders
         super().__init__({"reuse": orders["reuse"].for_scope(), "lru": LRUPolicy(), "ghost": GhostPolicy(),
-                          "hybrid": TickHybridPolicy(orders["hybrid"].clock)})
+                          "hybrid": TickHybridPolicy(orders["hybrid"].clock), "tempo": orders["tempo"].for_scope()})
         self.guard = guard
 
     def driver(self) -> str:
@@ -337,8 +344,9 @@ class GuardPolicy(_Orders):
 
     def __init__(self, capacity: int = SAMPLE_PAGES, page_bytes: int = 0) -> None:
         super().__init__({"reuse": ReusePolicy(), "lru": LRUPolicy(), "ghost": GhostPolicy(),
-                          "hybrid": TickHybridPolicy()})
+                          "hybrid": TickHybridPolicy(), "tempo": TempoPolicy()})
         self.reuse = self.orders["reuse"]
+        self.tempo = self.orders["tempo"]
         capacity = max(int(capacity), 1)
         self.rate = min(MAX_RATE, SAMPLE_PAGES / capacity)
         mini = max(round(capacity * self.rate), 1)
@@ -367,6 +375,7 @@ class GuardPolicy(_Orders):
 
     def evicted(self, node, whole: bool) -> None:
         self.reuse.evicted(node, whole)
+        self.tempo.evicted(node, whole)
 
     # -- the request stream ------------------------------------------------------------------
 
@@ -409,7 +418,8 @@ class GuardPolicy(_Orders):
         best = max(EXPERTS, key=hits.__getitem__)  # on a tie the first in EXPERTS: lru
         if self._veto_left:
             self._veto_left -= 1
-        elif best != current and hits[best] > (1.0 + (BACK_MARGIN if best == "lru" else MARGIN)) * hits[current]:
+        elif best != current and hits[best] > (1.0 + (BACK_MARGIN if best == "lru" else MARGIN)) * hits[current] \
+                and hits[best] - hits[current] > SWITCH_Z * math.sqrt(hits[best] + hits[current]):
             self._drive(best)
         elif current != "lru" and hits["real"] < (1.0 - VETO_MARGIN) * hits["lru"]:
             # the miniature misled: the real cache does worse than LRU would

@@ -65,6 +65,7 @@ class Node:
         "parent",
         "policy_data",
         "sample_hashes",
+        "tempo",
         "tick",
         "tree",
         "version",
@@ -89,6 +90,7 @@ class Node:
         self.evictable = False  # mirrors membership in the eviction index
         self.page_hashes = None  # KV events: the pages' block hashes, 8 bytes each (block_hashes.py)
         self.sample_hashes = None  # guard's sampling hashes of the pages, a (2, pages) array (guard.py)
+        self.tempo = None  # the tempo policy's (pace, freq) of the latest access (tempo.py)
 
     @property
     def pages(self) -> int:
@@ -168,6 +170,7 @@ class RadixTree:
         top.tick = child.tick
         top.gap = child.gap
         top.policy_data = child.policy_data  # the policy's view of the latest access through both
+        top.tempo = child.tempo
         top.lock_ref = child.lock_ref  # every pin through child also passes through top
         if child.page_hashes is not None:  # each page keeps its block hash
             top.page_hashes, child.page_hashes = child.page_hashes[: m * 8], child.page_hashes[m * 8 :]

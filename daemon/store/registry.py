@@ -5,5 +5,6 @@ from __future__ import annotations
 from .guard import GuardPolicy
 from .policies import GhostPolicy, HybridPolicy, LFUPolicy, LRUPolicy
 from .reuse import ReusePolicy
+from .tempo import TempoPolicy
 
-POLICIES = {cls.name: cls for cls in (LRUPolicy, LFUPolicy, HybridPolicy, GhostPolicy, ReusePolicy, GuardPolicy)}
+POLICIES = {cls.name: cls for cls in (LRUPolicy, LFUPolicy, HybridPolicy, GhostPolicy, ReusePolicy, TempoPolicy, GuardPolicy)}
