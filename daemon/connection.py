@@ -189,7 +189,12 @@ async def serve_connection(server: Any, sock: socket.socket, client: Client) -> 
                     else:
                         _emit(ctx, parser, out, await execute_pending(ctx, step))
                     step = _run_buffered_requests(ctx, parser, out)
-                await _write_replies(client, sock, out, stats, limit)
+                if client.pubsub is None:  # no push writer shares the socket: no lock to take
+                    rest = _send_now(sock, out, stats)
+                    if rest is not None:
+                        await _send_rest(sock, rest, stats, limit)
+                else:
+                    await _write_replies(client, sock, out, stats, limit)
             except OSError:  # the peer is gone
                 break
             finally:
@@ -214,19 +219,40 @@ async def _write_replies(client: Client, sock: socket.socket, out: ReplyBuffer, 
 
 async def _write(sock: socket.socket, out: ReplyBuffer, stats: Any, limit: OutputLimit | None = None) -> None:
     """Write the buffered replies (OSError when the peer is gone or is over its output limit)."""
-    if not len(out):
-        return
+    rest = _send_now(sock, out, stats)
+    if rest is not None:
+        await _send_rest(sock, rest, stats, limit)
+
+
+def _send_now(sock: socket.socket, out: ReplyBuffer, stats: Any) -> list | None:
+    """Send the buffered replies as far as the socket takes them without waiting.
+
+    Usually the whole batch fits the socket buffer and goes in one ``send``,
+    with no coroutine and no await: None. Otherwise the buffers still to write
+    (batches with large payloads always), for :func:`_send_rest`.
+    """
+    if not out.nbytes:
+        return None
     chunks = out.take()
+    if len(chunks) != 1:
+        return chunks
+    chunk = chunks[0]
     try:
-        # Usually the whole batch of replies fits the socket buffer: write it
-        # here and await only when it does not.
-        sent = sock.send(chunks[0]) if len(chunks) == 1 else 0
-        if len(chunks) > 1 or sent < len(chunks[0]):
-            if len(chunks) == 1:
-                chunks = [memoryview(chunks[0])[sent:]]
-            sent += await send_chunks(sock, chunks, limit)
+        sent = sock.send(chunk)
     except BlockingIOError:
-        sent = await send_chunks(sock, chunks, limit)
+        return chunks
+    if sent < len(chunk):
+        stats.total_net_output_bytes += sent  # the rest is counted by _send_rest, as one write
+        return [memoryview(chunk)[sent:]]
+    # (The output limit's soft clock is already clear: every earlier write ended in fine().)
+    stats.total_net_output_bytes += sent
+    stats.total_writes_processed += 1
+    return None
+
+
+async def _send_rest(sock: socket.socket, rest: list, stats: Any, limit: OutputLimit | None) -> None:
+    """Write what :func:`_send_now` left, waiting for the socket (and checking the output limit)."""
+    sent = await send_chunks(sock, rest, limit)
     if limit is not None:
         limit.fine()
     stats.total_net_output_bytes += sent
@@ -242,8 +268,9 @@ def _run_buffered_requests(ctx: Context, parser: RequestParser, out: ReplyBuffer
     FLUSH_BYTES so the caller writes before running more.
     """
     client = ctx.client
+    server = ctx.server
     while not client.close_after_reply:
-        if len(out) >= FLUSH_BYTES:
+        if out.nbytes >= FLUSH_BYTES:
             return FLUSH
         try:
             argv = parser.next_command()
@@ -255,7 +282,13 @@ def _run_buffered_requests(ctx: Context, parser: RequestParser, out: ReplyBuffer
         reply = execute(ctx, argv)
         if reply.__class__ is Pending:
             return reply
-        _emit(ctx, parser, out, reply)
+        # _emit, inlined: this loop runs once per request.
+        if client.mute:
+            _emit(ctx, parser, out, reply)
+            continue
+        if reply is not NO_REPLY:
+            encode_into(out, reply, client.resp)
+        parser.authenticated = client.authenticated or not server.auth_required
     return None
 
 

@@ -252,6 +252,21 @@ class PrefixService:
                         self.store.release([result.lease_id], owner)
         return Lookup(result.matched_tokens, result.lease_id if lease else 0, result.blocks, data)
 
+    def lookup_now(self, namespace: bytes, tokens: bytes, *, owner: int, lease: bool = True,
+                   ttl_ms: int | None = None) -> Lookup | None:
+        """:meth:`lookup` without WITHDATA, done at once when the shard's read lock is free
+        (nobody writes or waits to): no await, no checkpoint. None: the lock is contended and
+        nothing was done; await :meth:`lookup`, which queues fairly."""
+        lock = self.locks[self.store.shard_of(namespace, tokens)]
+        if not lock.try_acquire_read():
+            return None
+        try:
+            result = self.store.match(namespace, tokens, lease=lease, ttl_ms=ttl_ms, owner=owner,
+                                      transient=not lease)
+        finally:
+            lock.release_read()
+        return Lookup(result.matched_tokens, result.lease_id if lease else 0, result.blocks, None)
+
     async def insert(
         self,
         namespace: bytes,
@@ -268,13 +283,7 @@ class PrefixService:
         ``blocks`` (written by the worker into blocks it got from PFXALLOC).
         Raises a StoreError, changing nothing, for a refused insert.
         """
-        if data is not None:
-            expected = self.store.data_size(tokens, offset)
-            if len(data) != expected:
-                raise BadRequest(
-                    f"DATA is {len(data)} bytes, expected {expected} "
-                    f"(pages from OFFSET {offset} x block-bytes {self.arena.block_bytes})"
-                )
+        self._check_data(tokens, offset, data)
         lock = self.locks[self.store.shard_of(namespace, tokens)]
         async with lock.write():
             plan = self.store.begin_insert(namespace, tokens, offset=offset, owner=owner, blocks=blocks)
@@ -288,6 +297,41 @@ class PrefixService:
                 if not committed:
                     self.store.abort_insert(plan)
         return result
+
+    def insert_now(self, namespace: bytes, tokens: bytes, *, owner: int, offset: int = 0, data: Any = None,
+                   blocks: list[int] | None = None) -> InsertResult | None:
+        """:meth:`insert` done at once when the shard's lock is free and DATA is copied on the
+        loop anyway (under THREAD_COPY_THRESHOLD): no await, no checkpoint. None: it would have
+        to wait, and nothing was done; await :meth:`insert`. A StoreError as :meth:`insert`."""
+        self._check_data(tokens, offset, data)
+        if data is not None and len(data) >= THREAD_COPY_THRESHOLD:
+            return None
+        lock = self.locks[self.store.shard_of(namespace, tokens)]
+        if not lock.try_acquire_write():
+            return None
+        try:
+            plan = self.store.begin_insert(namespace, tokens, offset=offset, owner=owner, blocks=blocks)
+            committed = False
+            try:
+                if data is not None and plan.copy_needed:
+                    self._copy_in_now(plan.new_blocks, plan.new_data(data))
+                result = self.store.commit_insert(plan)
+                committed = True
+            finally:
+                if not committed:
+                    self.store.abort_insert(plan)
+        finally:
+            lock.release_write()
+        return result
+
+    def _check_data(self, tokens: bytes, offset: int, data: Any) -> None:
+        if data is not None:
+            expected = self.store.data_size(tokens, offset)
+            if len(data) != expected:
+                raise BadRequest(
+                    f"DATA is {len(data)} bytes, expected {expected} "
+                    f"(pages from OFFSET {offset} x block-bytes {self.arena.block_bytes})"
+                )
 
     def alloc(self, namespace: bytes, count: int, *, owner: int, ttl_ms: int | None = None) -> AllocResult:
         """PFXALLOC: ``count`` fresh blocks leased to ``owner``, for a worker to write into."""
@@ -333,12 +377,19 @@ class PrefixService:
 
     async def copy_in(self, blocks: list[int], data: Any) -> None:
         """Copy ``data`` into ``blocks`` of the arena, off the loop when it is large."""
+        if len(data) < THREAD_COPY_THRESHOLD:
+            self._copy_in_now(blocks, data)
+            return
         self.copied_in_bytes += len(data)
         start = time.perf_counter()
-        if len(data) >= THREAD_COPY_THRESHOLD:
-            await trio.to_thread.run_sync(self.arena.write, blocks, data)
-        else:
-            self.arena.write(blocks, data)
+        await trio.to_thread.run_sync(self.arena.write, blocks, data)
+        self.latency_event("arena-copy", (time.perf_counter() - start) * 1000)
+
+    def _copy_in_now(self, blocks: list[int], data: Any) -> None:
+        """:meth:`copy_in` of a small ``data``, on the loop."""
+        self.copied_in_bytes += len(data)
+        start = time.perf_counter()
+        self.arena.write(blocks, data)
         self.latency_event("arena-copy", (time.perf_counter() - start) * 1000)
 
     async def copy_out(self, blocks: list[int]) -> bytes:

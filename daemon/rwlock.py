@@ -79,6 +79,17 @@ class RWLock:
         self._readers += 1
         return True
 
+    def try_acquire_write(self) -> bool:
+        """Take the exclusive hold now if it is free (no holder, nobody queued); False otherwise.
+
+        No checkpoint either way, as :meth:`try_acquire_read`: a caller that
+        gets False may queue with :meth:`acquire_write`.
+        """
+        if self._writer or self._readers or self._queue:
+            return False
+        self._writer = True
+        return True
+
     async def acquire_write(self) -> None:
         """Wait for an exclusive hold of the lock."""
         await checkpoint_if_cancelled()

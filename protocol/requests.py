@@ -317,6 +317,10 @@ class RequestParser:
             # A fresh exception each time: one stored with a traceback would
             # keep the frames (and their buffers) alive in a reference cycle.
             raise ProtocolError(error.message, error.reply)
+        if self._pos >= len(self._buf):
+            # Everything received is consumed (after the last request of a batch): no parser
+            # has anything to look at, and a partial request's state waits for more bytes.
+            return NEED_DATA
         if self._reader is None:
             # Start the fast path only at the beginning of a multibulk request
             # that the exact parser has not started on.
@@ -340,13 +344,17 @@ class RequestParser:
         """Next command from hiredis, NEED_DATA, or None to use the exact parser."""
         reader = self._reader
         buf = self._buf
+        # The reader holds nothing unconsumed when it was fed just up to the last accepted
+        # request (rend == pos): asking it first would only answer False.
+        res = False
         while True:
-            try:
-                res = reader.gets()
-            except hiredis.HiredisError:  # ProtocolError: let the exact parser say it
-                return None
-            if res is not False:
-                break
+            if self._rend != self._pos:
+                try:
+                    res = reader.gets()
+                except hiredis.HiredisError:  # ProtocolError: let the exact parser say it
+                    return None
+                if res is not False:
+                    break
             end = len(buf)
             pos = self._pos
             rend = self._rend

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # types only: nothing here is needed at import time
     from ..transactions import WatchRegistry
     from .table import CommandTable
 
-__all__ = ["NO_REPLY", "Context", "NoReply", "ServerState"]
+__all__ = ["LATER", "NO_REPLY", "Context", "Later", "NoReply", "ServerState"]
 
 
 class NoReply:
@@ -38,6 +38,18 @@ class NoReply:
 
 
 NO_REPLY = NoReply()
+
+
+class Later:
+    """What a synchronous attempt (``handles_now``) returns when the command has to wait."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "LATER"
+
+
+LATER = Later()
 
 
 class ServerState(Protocol):

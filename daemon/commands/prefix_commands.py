@@ -20,8 +20,8 @@ from ..block_ids import block_ids_reply
 from ..forked_check import CheckFailed
 from ..prefix import PrefixService
 from ..store.errors import StoreError
-from . import handles
-from .context import Context
+from . import handles, handles_now
+from .context import LATER, Context
 
 UINT32_MAX = 2**32 - 1
 TTL_MAX_MS = 7 * 24 * 3600 * 1000  # a week: longer than any prefill, short of forever
@@ -123,8 +123,8 @@ def _prompt(ctx: Context, argv: list[bytes]) -> tuple[bytes, bytes, int]:
     return namespace, tokens, position
 
 
-@handles("pfxget")
-async def pfxget(ctx: Context, argv: list[bytes]) -> Any:
+def _pfxget_arguments(ctx: Context, argv: list[bytes]) -> tuple[bytes, bytes, bool, int | None, bool] | Error:
+    """PFXGET's arguments: namespace, tokens, lease, ttl_ms, with_data (or the Error reply)."""
     try:
         namespace, tokens, position = _prompt(ctx, argv)
         lease, ttl_ms, with_data = True, None, False
@@ -143,19 +143,48 @@ async def pfxget(ctx: Context, argv: list[bytes]) -> Any:
                 raise ArgumentError(f"ERR unknown option '{_show(argv[position])}' for 'pfxget'")
     except ArgumentError as exc:
         return Error(str(exc))
-    try:
-        found = await _service(ctx).lookup(namespace, tokens, owner=ctx.client.id, lease=lease, ttl_ms=ttl_ms,
-                                           with_data=with_data)
-    except StoreError as exc:  # a lease past client-lease-limit or the tenant's quota
-        return _store_error(exc)
+    return namespace, tokens, lease, ttl_ms, with_data
+
+
+def _lookup_reply(found: Any, with_data: bool) -> dict:
     reply = {"matched": found.matched_tokens, "lease": found.lease_id, "blocks": _ids(found.blocks)}
     if with_data:
         reply["data"] = found.data
     return reply
 
 
-@handles("pfxset")
-async def pfxset(ctx: Context, argv: list[bytes]) -> Any:
+@handles("pfxget")
+async def pfxget(ctx: Context, argv: list[bytes]) -> Any:
+    parsed = _pfxget_arguments(ctx, argv)
+    if parsed.__class__ is Error:
+        return parsed
+    namespace, tokens, lease, ttl_ms, with_data = parsed
+    try:
+        found = await _service(ctx).lookup(namespace, tokens, owner=ctx.client.id, lease=lease, ttl_ms=ttl_ms,
+                                           with_data=with_data)
+    except StoreError as exc:  # a lease past client-lease-limit or the tenant's quota
+        return _store_error(exc)
+    return _lookup_reply(found, with_data)
+
+
+@handles_now("pfxget")
+def pfxget_now(ctx: Context, argv: list[bytes]) -> Any:
+    """PFXGET without WITHDATA whose shard lock is free: done without an await (else LATER)."""
+    parsed = _pfxget_arguments(ctx, argv)
+    if parsed.__class__ is Error:
+        return parsed
+    namespace, tokens, lease, ttl_ms, with_data = parsed
+    if with_data:
+        return LATER
+    try:
+        found = _service(ctx).lookup_now(namespace, tokens, owner=ctx.client.id, lease=lease, ttl_ms=ttl_ms)
+    except StoreError as exc:
+        return _store_error(exc)
+    return LATER if found is None else _lookup_reply(found, False)
+
+
+def _pfxset_arguments(ctx: Context, argv: list[bytes]) -> tuple[bytes, bytes, int, Any, list[int] | None] | Error:
+    """PFXSET's arguments: namespace, tokens, offset, data, blocks (or the Error reply)."""
     try:
         namespace, tokens, position = _prompt(ctx, argv)
         offset, data, blocks = 0, None, None
@@ -179,12 +208,40 @@ async def pfxset(ctx: Context, argv: list[bytes]) -> Any:
             raise ArgumentError("ERR PFXSET needs DATA blob or BLOCKS id ...")
     except ArgumentError as exc:
         return Error(str(exc))
+    return namespace, tokens, offset, data, blocks
+
+
+def _insert_reply(result: Any) -> dict:
+    return {"stored": result.stored, "existing": result.existing, "blocks": _ids(result.blocks)}
+
+
+@handles("pfxset")
+async def pfxset(ctx: Context, argv: list[bytes]) -> Any:
+    parsed = _pfxset_arguments(ctx, argv)
+    if parsed.__class__ is Error:
+        return parsed
+    namespace, tokens, offset, data, blocks = parsed
     try:
         result = await _service(ctx).insert(namespace, tokens, owner=ctx.client.id, offset=offset, data=data,
                                             blocks=blocks)
     except StoreError as exc:
         return _store_error(exc)
-    return {"stored": result.stored, "existing": result.existing, "blocks": _ids(result.blocks)}
+    return _insert_reply(result)
+
+
+@handles_now("pfxset")
+def pfxset_now(ctx: Context, argv: list[bytes]) -> Any:
+    """PFXSET whose shard lock is free and whose DATA is small: done without an await (else LATER)."""
+    parsed = _pfxset_arguments(ctx, argv)
+    if parsed.__class__ is Error:
+        return parsed
+    namespace, tokens, offset, data, blocks = parsed
+    try:
+        result = _service(ctx).insert_now(namespace, tokens, owner=ctx.client.id, offset=offset, data=data,
+                                          blocks=blocks)
+    except StoreError as exc:
+        return _store_error(exc)
+    return LATER if result is None else _insert_reply(result)
 
 
 @handles("pfxalloc")

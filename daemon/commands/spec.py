@@ -179,6 +179,8 @@ class CommandSpec:
     subcommands: dict[str, CommandSpec] = field(default_factory=dict)
     handler: Callable | None = None
     is_async: bool = False
+    #: The synchronous attempt of an async handler (``handles_now``), or None.
+    now: Callable | None = None
     getkeys_proc: Callable | None = None
     _subs_by_bytes: dict[bytes, CommandSpec] = field(default_factory=dict, repr=False)
     _info_reply: list | None = field(default=None, repr=False)

@@ -130,6 +130,11 @@ class CommandTable:
         already has a different handler (unless ``replace``).
         """
         for obj in vars(module).values():
+            for fullname in getattr(obj, "handles_now", ()) if callable(obj) else ():
+                spec = self.get(fullname)
+                if spec is None:
+                    raise KeyError(f"@handles_now({fullname!r}) in {module.__name__}: no such command row")
+                spec.now = obj
             names = getattr(obj, "handles", None)
             if not names or not callable(obj):
                 continue
