@@ -10,6 +10,13 @@ reuse.py, ``guard`` in guard.py; registry.py names them all.
 Heaps use lazy deletion: every entry records the node's ``version`` when it was
 pushed; any change bumps the version, so stale entries are recognised and
 skipped when they reach the top, and the heap is compacted when they dominate.
+A heap policy keeps its entries in two parts: a queue of entries pushed in
+ascending order (an access makes a node the most recently used: its new key
+is the largest, so most pushes of lru land there, in O(1)) and a heap for
+the rest (a parent uncovered by an eviction, a node unpinned, lfu's keys).
+The next victim is the smaller of the two heads, so the order is exactly
+one heap's; a stale entry leaves the queue in O(1), not O(log n) -- and
+every access leaves one.
 
 A policy instance exists globally (for evictions on allocation and the
 watermark) and per scope (namespace), for EVICT commands on one namespace
@@ -22,7 +29,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 _COMPACT_SLACK = 64
 HYBRID_BUCKETS = 33  # freq.bit_length() of 0 .. 2**32-1, capped
@@ -35,7 +42,9 @@ class HeapPolicy:
     scope_shares_order = False  # see LRUPolicy
 
     def __init__(self) -> None:
-        self._heap: list[tuple] = []
+        # Entries are (key..., seq, version, node); seq is unique, so two entries never compare nodes.
+        self._heap: list[tuple] = []  # entries pushed out of order (subclasses may heappush here directly)
+        self._run: deque[tuple] = deque()  # entries pushed in ascending order: a sorted queue
         self._seq = itertools.count()  # unique tie-breaker: nodes themselves are never compared
         self.live = 0
 
@@ -45,33 +54,55 @@ class HeapPolicy:
 
     def push(self, node, uncovered: bool = False) -> None:
         """Index an evictable node (its version was just bumped); ``uncovered``: its last child was evicted."""
-        heapq.heappush(self._heap, (*self.key(node), next(self._seq), node.version, node))
+        self._enqueue((*self.key(node), next(self._seq), node.version, node))
         self.live += 1
+
+    def _enqueue(self, entry: tuple) -> None:
+        """File a new entry: at the end of the queue when no queued entry is larger, else into the heap."""
+        run = self._run
+        if not run or entry > run[-1]:
+            run.append(entry)
+        else:
+            heapq.heappush(self._heap, entry)
 
     def drop(self) -> None:
         """One indexed node left the candidate set (its version was bumped, so its entry is stale)."""
         self.live -= 1
-        if len(self._heap) > 2 * self.live + _COMPACT_SLACK:
+        if len(self._heap) + len(self._run) > 2 * self.live + _COMPACT_SLACK:
             self._heap = [e for e in self._heap if e[-2] == e[-1].version]
             heapq.heapify(self._heap)
+            self._run = deque(e for e in self._run if e[-2] == e[-1].version)  # still sorted
 
-    def peek(self, now: float):
-        """The node to evict next, or None; the node stays indexed."""
-        heap = self._heap
+    def _top(self):
+        """The smallest valid entry (it stays indexed), or None; stale entries ahead of it are dropped."""
+        heap, run = self._heap, self._run
         while heap:
             entry = heap[0]
             if entry[-2] == entry[-1].version:
-                return entry[-1]
+                break
             heapq.heappop(heap)
-        return None
+        while run:
+            entry = run[0]
+            if entry[-2] == entry[-1].version:
+                return heap[0] if heap and heap[0] < entry else entry
+            run.popleft()
+        return heap[0] if heap else None
+
+    def peek(self, now: float):
+        """The node to evict next, or None; the node stays indexed."""
+        entry = self._top()
+        return entry[-1] if entry is not None else None
+
+    def _entries(self) -> list:
+        return [e for part in (self._heap, self._run) for e in part if e[-2] == e[-1].version]
 
     def nodes(self) -> list:
         """The indexed (valid) nodes, for consistency checks."""
-        return [e[-1] for e in self._heap if e[-2] == e[-1].version]
+        return [e[-1] for e in self._entries()]
 
     def pushed(self) -> list:
         """The indexed (valid) nodes in the order they were pushed."""
-        return [e[-1] for e in sorted(self._heap, key=lambda e: e[-3]) if e[-2] == e[-1].version]
+        return [e[-1] for e in sorted(self._entries(), key=lambda e: e[-3])]
 
 
 class LRUPolicy(HeapPolicy):
@@ -226,13 +257,14 @@ class GhostPolicy(HeapPolicy):
                 self.thrash += THRASH_ALPHA * ((0.0 if continues else 1.0) - self.thrash)
             elif self.thrash > THRASH_ON and self._floor is not None and h >= BIMODAL_SHARE:
                 key = self._floor
-        heapq.heappush(self._heap, (key, next(self._seq), node.version, node))
+        self._enqueue((key, next(self._seq), node.version, node))
         self.live += 1
 
     def peek(self, now: float):
-        node = super().peek(now)
+        entry = self._top()
+        node = entry[-1] if entry is not None else None
         if node is not None:
-            key = self._heap[0][0]
+            key = entry[0]
             if self._floor is None or key > self._floor:
                 self._floor = key
             h = self._first_page(node)
@@ -247,6 +279,11 @@ class GhostPolicy(HeapPolicy):
 
 def _ignore(*args) -> None:
     """What the index calls for policies that do not watch lookups and stores."""
+
+
+def _nothing(now: float) -> None:
+    """The victims of a scope with no candidates."""
+    return None
 
 
 class EvictionIndex:
@@ -359,6 +396,22 @@ class EvictionIndex:
             self._unshare()
         index = self.scopes.get(scope)
         return index.peek(now) if index is not None else None
+
+    def victims(self, scope: bytes | None = None):
+        """``best`` for one eviction loop over ``scope``: a function of ``now`` giving the next victim.
+
+        Resolved once per loop: evicting only ever indexes parents of the scope's own victims,
+        which changes neither which index serves the scope nor whether it shares the global one.
+        """
+        if scope is None:
+            return self.all.peek
+        if scope == self.solo:
+            if not self._peeks_shared:
+                self._unshare()
+            else:
+                return self.all.peek
+        index = self.scopes.get(scope)
+        return index.peek if index is not None else _nothing
 
     def rebuild(self, factory, nodes) -> None:
         """Switch policy (a class of the registry): index ``nodes`` (every current candidate) afresh, O(n log n)."""

@@ -209,13 +209,14 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas, StorePartitions):
         if part is None and scope is not None and self.parts:
             scoped = self._ns.get(scope)
             part = scoped.part if scoped is not None else None
-        best = (self._index if part is None else part.index).best
+        victim = (self._index if part is None else part.index).victims(scope)
         events, touched, records = self._events, self.touched, self._ns
         evicted = 0
         freed: list[int] = []
-        rec = tree = None
+        tree = rec = None
+        owed = 0  # pages evicted from rec's namespace not yet counted there
         while evicted < n:
-            node = best(now, scope)
+            node = victim(now)
             if node is None:
                 break
             # Trailing pages of one leaf in one go: the node keeps its priority while it shrinks,
@@ -225,23 +226,35 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas, StorePartitions):
                 k = len(node.blocks)
             if node.tree is not tree:
                 tree = node.tree
-                rec = records[tree.scope]
+                if rec is None or rec.name != tree.scope:
+                    if owed:
+                        self._count_evicted(rec, owed)
+                        owed = 0
+                    rec = records[tree.scope]
+                    if touched is not None:
+                        touched(tree.scope)
             if events is not None:
                 announce_trim(events, node, k)
             freed += tree.trim(node, k)
-            if touched is not None:
-                touched(tree.scope)
-            rec.evictions += k
-            if rec.quota is not None:
-                rec.quota.pages -= k
+            owed += k
             evicted += k
             if not tree.pages:
+                self._count_evicted(rec, owed)
+                owed = 0
                 self._retire_if_empty(rec)
-                tree = None  # it may be gone
+                tree = rec = None  # they may be gone
+        if owed:
+            self._count_evicted(rec, owed)
         self._alloc.release(freed)  # every evicted block in one call: runs and scatters, not pages
         self.evictions += evicted
         self.evictions_by_cause[cause] += evicted
         return evicted
+
+    @staticmethod
+    def _count_evicted(rec: Namespace, pages: int) -> None:
+        rec.evictions += pages
+        if rec.quota is not None:
+            rec.quota.pages -= pages
 
     def _drop(self, tree: RadixTree, top: Node, cause: str = "command") -> tuple[int, int]:
         if self._events is not None:
