@@ -300,9 +300,18 @@ def _encode_map(buf: ReplyBuffer, value: dict, resp: int) -> None:
     # len(value), not len(items()): a dict subclass may hold repeated keys.
     count = len(value)
     buf.write(b"%%%d\r\n" % count if resp == 3 else b"*%d\r\n" % (2 * count))
+    # The common pieces written directly (the encoders' own output: a cached short key, an
+    # integer): a PFX* reply is a map of a few such pairs, encoded once per request.
     for key, item in value.items():
-        encode_into(buf, key, resp)
-        encode_into(buf, item, resp)
+        encoded = _SHORT_STRINGS.get(key) if key.__class__ is str else None
+        if encoded is not None:
+            buf.write(encoded)
+        else:
+            encode_into(buf, key, resp)
+        if item.__class__ is int:
+            buf.write(b":%d\r\n" % item)
+        else:
+            encode_into(buf, item, resp)
 
 
 def _encode_double(buf: ReplyBuffer, value: float, resp: int) -> None:

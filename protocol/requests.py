@@ -159,6 +159,10 @@ def _protocol_error(text: bytes) -> ProtocolError:
     return ProtocolError(text.decode("latin-1"), b"-ERR " + text + b"\r\n")
 
 
+#: Canonical decimal spellings of small counts and lengths (no sign, no leading zero), for
+#: the one-pass parser: one dict lookup instead of isdigit, a leading-zero test and int().
+_CANONICAL = {b"%d" % n: n for n in range(10_000)}
+
 #: len(b"*%d\r\n" % n) for small n.
 _COUNT_HEADER = tuple(len(b"*%d\r\n" % n) for n in range(1000))
 
@@ -260,7 +264,7 @@ class RequestParser:
             return
         buf = self._buf
         pos = self._pos
-        if self.buffered() + size > self.query_buffer_limit:
+        if len(buf) - pos + self._argbytes + size > self.query_buffer_limit:  # buffered() + size
             # Redis checks the query buffer right after read() and closes the
             # client without a reply; drop the data instead of holding it.
             self._fail(
@@ -361,7 +365,7 @@ class RequestParser:
             if rend - pos >= _FAST_LIMIT:
                 self._fast_ok = False  # a big request: the exact parser is cheaper
                 return None
-            if rend == pos and _exact_is_cheaper(buf, pos):
+            if rend == pos and end - pos > 1000 and _exact_is_cheaper(buf, pos):
                 return None  # at a request boundary: the exact parser takes the next one
             if rend < end:
                 stop = min(end, rend + _FAST_CHUNK)
@@ -576,9 +580,14 @@ class RequestParser:
         if r < 0 or r + 1 >= end:
             return None
         raw = buf[pos + 1 : r]
-        if not raw.isdigit() or raw[0] == 48:  # canonical positive count (isdigit: ASCII only)
+        received = buf.__class__ is bytes  # (a bytearray's slices are no dict keys)
+        count = _CANONICAL.get(raw) if received else None
+        if count is None:
+            if not raw.isdigit() or raw[0] == 48:  # canonical positive count (isdigit: ASCII only)
+                return None
+            count = int(raw)
+        elif not count:
             return None
-        count = int(raw)
         if self.authenticated:
             if count > INT_MAX:
                 return None
@@ -597,19 +606,24 @@ class RequestParser:
             if r < 0:
                 return None
             raw = buf[p + 1 : r]
-            if not raw.isdigit() or (raw[0] == 48 and len(raw) > 1) or len(raw) > 18:
-                return None
-            n = int(raw)
+            n = _CANONICAL.get(raw) if received else None
+            if n is None:  # b"0" is in the table: a leading zero here is not canonical
+                if not raw.isdigit() or raw[0] == 48 or len(raw) > 18:
+                    return None
+                n = int(raw)
             start = r + 2
-            if n > limit or start + n + 2 > end:
+            stop = start + n
+            if n > limit or stop + 2 > end:
                 return None
-            if n < 4096:
-                args.append(bytes(buf[start : start + n]))
+            if received:  # slicing bytes copies once, whatever the size
+                args.append(buf[start:stop])
+            elif n < 4096:
+                args.append(bytes(buf[start:stop]))
             else:  # one copy instead of two
                 with memoryview(buf) as view:
-                    args.append(view[start : start + n].tobytes())
+                    args.append(view[start:stop].tobytes())
             total += n
-            p = start + n + 2
+            p = stop + 2
             count -= 1
         self._pos = p
         self._scanned = 0
