@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from . import commands, replies
 from .arena import copy_to_output, nbytes_of, open_arena
+from .partitioned import PartitionedArenaView
 from .errors import AttachError, LeaseLostError
 from .replies import Allocation, EvictResult, Info, Match, StoreResult, _Leased
 
@@ -146,7 +147,31 @@ class CacheCore:
         host = _daemon_host(self._client.connection_pool)
         if self._attach_mode is None and not is_local_host(host):
             raise AttachError(f"the daemon at {host} is not on this host (pass attach=True to map its arena anyway)")
+        kwargs = getattr(self._client.connection_pool, "connection_kwargs", {}) or {}
+        if kwargs.get("path") and info.arena.get("backend") == "shm":
+            # Over the unix socket: the partitions this user may map, as descriptors (PFXATTACH).
+            try:
+                view = PartitionedArenaView.attach(kwargs["path"], kwargs.get("username"), kwargs.get("password"))
+            except AttachError:
+                if not info.arena.get("path"):
+                    raise
+            else:
+                if view.arena_id == info.arena.get("id"):
+                    return view
+                view.close()  # a restart between PFXINFO and PFXATTACH: the caller retries
+                raise AttachError("the daemon's arena changed during the attach")
         return open_arena(info.arena)
+
+    @staticmethod
+    def _arena_for(arena: Any, key: Any, write: bool = False) -> Any:
+        """``arena`` when it maps ``key``'s blocks (a partitioned view may map only some), else None."""
+        serves = getattr(arena, "serves", None)
+        return arena if arena is None or serves is None or serves(key, write) else None
+
+    @staticmethod
+    def _maps(arena: Any, ids: Any, write: bool = False) -> bool:
+        maps = getattr(arena, "maps", None)
+        return maps is None or maps(ids, write)
 
     def _on_connect(self, connection: Any) -> None:
         self._connects += 1
@@ -244,7 +269,7 @@ class CacheCore:
                       with_data: bool | None) -> Steps:
         packed = commands.pack_tokens(tokens)  # validated before anything is sent
         if with_data is None:
-            with_data = (yield from self._ensure_attached_steps()) is None
+            with_data = self._arena_for((yield from self._ensure_attached_steps()), key) is None
 
         def decode(reply: Any) -> Match:
             return self._leased(replies.match(reply, self.release, self._is_async, self._lease_dropped))
@@ -306,22 +331,29 @@ class CacheCore:
 
     def _load_steps(self, key: Any, tokens: Any, out: Any, ttl_ms: int | None) -> Steps:
         packed = commands.pack_tokens(tokens)
-        arena = yield from self._ensure_attached_steps()
+        arena = self._arena_for((yield from self._ensure_attached_steps()), key)
         packed = self._load_tokens(packed, out, (yield from self._geometry_steps()))
         if arena is not None:
             match = yield from self._lookup_steps(key, packed_tokens(packed), True, ttl_ms, False)
             try:
                 arena = self._arena  # re-mapped by the lookup when the daemon restarted
-                if match.blocks:
+                if match.blocks and not self._maps(arena, match.blocks):
+                    arena = None  # in a partition not mapped here: the bytes come over RESP below
+                elif match.blocks:
                     arena.read_into(match.blocks, out)
             finally:
                 released = yield from self._release_steps((match,))
+            if arena is None:
+                return (yield from self._load_over_resp(key, packed, out))
             if match.lease and not released:
                 # The pin was gone before the copy ended: the blocks may hold other pages by now.
                 raise LeaseLostError(f"the lease of this lookup ended before its {len(match.blocks)} blocks were "
                                      f"read (TTL passed or the connection was re-established): out is not trusted")
             match.via = arena.backend
             return match
+        return (yield from self._load_over_resp(key, packed, out))
+
+    def _load_over_resp(self, key: Any, packed: bytes, out: Any) -> Steps:
         match = yield from self._lookup_steps(key, packed_tokens(packed), False, None, True)
         if match.data:
             copy_to_output(out, match.data)
@@ -330,11 +362,14 @@ class CacheCore:
 
     def _save_steps(self, key: Any, tokens: Any, src: Any, offset: int, ttl_ms: int | None) -> Steps:
         packed = commands.pack_tokens(tokens)
-        arena = yield from self._ensure_attached_steps()
+        arena = self._arena_for((yield from self._ensure_attached_steps()), key, write=True)
         pages = self._save_pages(packed, src, offset, (yield from self._geometry_steps()))
         if arena is None or not pages:
             return (yield from self._store_steps(key, packed_tokens(packed), src, offset))
         allocation = yield from self._alloc_steps(key, pages, ttl_ms)
+        if not self._maps(self._arena, allocation.blocks, write=True):  # not a partition writable here
+            yield from self._release_steps((allocation,))
+            return (yield from self._store_steps(key, packed_tokens(packed), src, offset))
         try:
             self._arena.write_from(allocation.blocks, src)  # re-mapped by the alloc after a restart
             return (yield from self._commit_steps(key, packed_tokens(packed), allocation.blocks, offset))

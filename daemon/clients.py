@@ -41,6 +41,7 @@ class Client:
         "multi",
         "mute",
         "monitoring",
+        "outgoing_fds",
     )
 
     def __init__(self, client_id: int, addr: str, laddr: str, fd: int, *, is_unix: bool = False) -> None:
@@ -76,6 +77,8 @@ class Client:
         self.mute = 0
         #: In MONITOR mode (Redis treats a monitor as a replica: flag O, no keyspace commands).
         self.monitoring = False
+        #: Descriptors to send with the next write (PFXATTACH's partitions, fd_passing.py).
+        self.outgoing_fds: list[int] = []
 
     @property
     def subscribed(self) -> bool:

@@ -30,6 +30,7 @@ from pfxcache.protocol.requests import NEED_DATA, ProtocolError, RequestParser
 from .clients import Client
 from .commands.context import NO_REPLY, Context
 from .dispatch import Pending, execute, execute_pending
+from .fd_passing import send_with_fds
 
 log = logging.getLogger("pfxcached")
 
@@ -209,6 +210,9 @@ async def serve_connection(server: Any, sock: socket.socket, client: Client) -> 
 async def _write_replies(client: Client, sock: socket.socket, out: ReplyBuffer, stats: Any,
                          limit: OutputLimit) -> None:
     """Write the buffered replies; with a push writer (a subscriber), under its lock so frames never interleave."""
+    if client.outgoing_fds:  # PFXATTACH's descriptors go with these bytes
+        await send_with_fds(client, sock, out, stats)
+        return
     subs = client.pubsub
     if subs is None:
         await _write(sock, out, stats, limit)

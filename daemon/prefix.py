@@ -167,6 +167,15 @@ class PrefixService:
         return QuotaBook(((pattern.encode("utf-8", "surrogateescape"), pages, leased, leases)
                           for pattern, pages, leased, leases in rules), match=self._glob)
 
+    def attach_layout(self) -> list[dict] | None:
+        """The partitions PFXATTACH may hand out (an unpartitioned shm arena is one remainder);
+        None when the arena cannot be passed to a worker (memory, cuda)."""
+        if self.store.parts:
+            return self.store.partitions()
+        if isinstance(self.arena, MemfdArena):
+            return [{"pattern": b"*", "first-block": 0, "nblocks": self.arena.nblocks, "remainder": 1}]
+        return None
+
     def close(self) -> None:
         """Release the arena (the shared-memory file is unlinked)."""
         self.arena.close()
@@ -450,7 +459,9 @@ class PrefixService:
         """
         store = self.store
         if visible is not None:
-            geometry = ("backend", "block_bytes", "size", "nblocks")
+            # The arena's id (random, per arena) too: a tenant's worker that attached over the
+            # unix socket must notice a restarted daemon.
+            geometry = ("backend", "id", "block_bytes", "size", "nblocks")
             arena = {k: v for k, v in self.arena.describe().items() if k in geometry}
             return {
                 "page-size": store.page_size,

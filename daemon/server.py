@@ -38,6 +38,7 @@ from .acl import AclUsers
 from .clients import Client, ClientRegistry
 from .commands import (
     acl_commands,
+    attach_commands,
     connection_commands,
     introspection,
     keyspace_commands,
@@ -93,7 +94,7 @@ def build_command_table() -> CommandTable:
     """The command table with every handler module bound to its rows."""
     table = CommandTable.load()
     for module in (connection_commands, server_commands, introspection, prefix_commands, acl_commands,
-                   keyspace_commands, pubsub_commands, transaction_commands, observe_commands):
+                   keyspace_commands, pubsub_commands, transaction_commands, observe_commands, attach_commands):
         table.bind_module(module)
     return table
 

@@ -183,6 +183,7 @@ class MemfdArena(Arena):
             # Really reserve the memory now: a write into a hole of an overcommitted tmpfs would
             # otherwise die of SIGBUS later.
             os.posix_fallocate(fd, 0, size)
+            os.fchmod(fd, 0o600)  # a read-only descriptor PFXATTACH sent cannot be reopened writable
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             mapping = mmap.mmap(fd, size)
             self._inode = os.fstat(fd).st_ino
@@ -198,6 +199,17 @@ class MemfdArena(Arena):
         info["path"] = self.path
         info["inode"] = self._inode  # a worker checks that what it opened is this memory
         return info
+
+    @property
+    def fds(self) -> list[int]:
+        """The memfd of each partition (an unpartitioned arena is one): what PFXATTACH hands out."""
+        return [self._fd]
+
+    def open_partition(self, number: int, writable: bool) -> int:
+        """A new descriptor of the memfd, read-write or read-only (partitioned_arena.py says why)."""
+        if writable:
+            return os.dup(self._fd)
+        return os.open(f"/proc/self/fd/{self._fd}", os.O_RDONLY | os.O_CLOEXEC)
 
     def close(self) -> None:
         """Unmap and close the memfd (workers' mappings keep their memory until they unmap)."""
