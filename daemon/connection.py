@@ -190,7 +190,7 @@ async def serve_connection(server: Any, sock: socket.socket, client: Client) -> 
                     else:
                         _emit(ctx, parser, out, await execute_pending(ctx, step))
                     step = _run_buffered_requests(ctx, parser, out)
-                if client.pubsub is None:  # no push writer shares the socket: no lock to take
+                if client.pubsub is None and not client.outgoing_fds:  # no push writer, no descriptors
                     rest = _send_now(sock, out, stats)
                     if rest is not None:
                         await _send_rest(sock, rest, stats, limit)
