@@ -288,3 +288,62 @@ def test_without_partitions_only_operators_attach_and_tenants_use_resp(fresh_dae
     admin.execute_command("ACL", "SETUSER", "ops", "on", ">po", "allkeys", "+@all")
     out = as_nobody(_unpartitioned_worker, path)
     assert out == {"tenant_via": "resp", "tenant_ok": True, "operator_ranges": [[0, 64, True]]}
+
+
+def _daemon_args(path: str) -> tuple[str, ...]:
+    return ("--page-size", str(PS), "--block-bytes", str(BB), "--maxmemory", str(64 * BB),
+            "--arena-partition", "a:* 16", "--unixsocket", path, "--unixsocketperm", "777",
+            "--requirepass", "secret")
+
+
+def test_a_restarted_daemon_is_attached_again_never_served_from_the_old_partition(sock_dir):
+    from pfxcache.testing import start_daemon
+
+    path = os.path.join(sock_dir, "pfx.sock")
+    daemon = start_daemon(*_daemon_args(path))
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    # redis-py reconnects by itself on the next command (as workers configure it): the cache must notice.
+    cache = PrefixCache.from_url(f"unix://{path}", password="secret", socket_timeout=10,
+                                 retry=Retry(NoBackoff(), 3), retry_on_error=[redis.ConnectionError])
+    try:
+        old = cache.attach()
+        assert isinstance(old, PartitionedArenaView)
+        cache.save("a:x", tokens(1, 2), pages(6, 2))
+        daemon.stop()
+        daemon = start_daemon(*_daemon_args(path))
+        got = np.full((2, BB), 7, np.uint8)
+        match = cache.load("a:x", tokens(1, 2), got)  # a new daemon: nothing cached, nothing read
+        assert match.matched_tokens == 0 and (got == 7).all()
+        cache.save("a:x", tokens(1, 2), pages(8, 2))  # its blocks come from the new arena: attached again
+        assert old.closed and isinstance(cache.arena, PartitionedArenaView) and cache.arena is not old
+        assert cache.load("a:x", tokens(1, 2), got).via == "shm" and np.array_equal(got, pages(8, 2))
+        admin = redis.Redis(host=daemon.host, port=daemon.port, password="secret")
+        found = admin.execute_command("PFXGET", "a:x", "TOKENS", *tokens(1, 2), "WITHDATA", "NOLEASE")
+        assert found[b"data"] == pages(8, 2).tobytes()
+    finally:
+        cache.close()
+        daemon.stop()
+
+
+def _async_worker(path: str) -> list:
+    import asyncio
+
+    from pfxcache.client import AsyncPrefixCache
+
+    async def work() -> list:
+        cache = AsyncPrefixCache.from_url(f"unix://{path}", username="ta", password="pa")
+        arena = await cache.attach()
+        await cache.save("a:async", tokens(3, 2), pages(9, 2))
+        got = np.zeros((2, BB), np.uint8)
+        match = await cache.load("a:async", tokens(3, 2), got)
+        await cache.aclose()
+        return [type(arena).__name__, match.via, bool(np.array_equal(got, pages(9, 2)))]
+
+    return asyncio.run(work())
+
+
+def test_the_async_client_attaches_over_the_unix_socket_too(tenants):
+    _, path, _ = tenants
+    assert as_nobody(_async_worker, path) == ["PartitionedArenaView", "shm", True]
