@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 TOOLS = {"bench": "bench", "bench-latency": "bench_latency", "bench-store": "bench_store", "replay": "replay",
-         "bench-hotpath": "bench_hotpath",
+         "bench-hotpath": "bench_hotpath", "bench-attach": "bench_attach",
          "gpu-check": "gpu_check", "demo": "demo"}
 
 
