@@ -486,6 +486,17 @@ class PrefixService:
             "stats": store.stats(namespace),
         }
 
+    def _partition_fields(self) -> list[tuple[str, object]]:
+        """``arena_partitions`` and one ``arena_partition<n>`` line per partition, shaped like
+        INFO keyspace's ``db0:keys=...`` lines (none without partitions)."""
+        parts = self.store.partitions()
+        if not parts:
+            return []
+        lines = [(f"arena_partition{n}", f"pattern={p['pattern'].decode('utf-8', 'replace')},first_block="
+                  f"{p['first-block']},nblocks={p['nblocks']},free={p['free']},pages={p['pages']}")
+                 for n, p in enumerate(parts)]
+        return [("arena_partitions", len(parts)), *lines]
+
     def info_section(self) -> list[tuple[str, object]]:
         """The ``# Pfxcache`` INFO section, fields prefixed as a Redis module's are."""
         stats = self.store.stats()
@@ -503,6 +514,7 @@ class PrefixService:
             ("blocks_used", stats["blocks_used"]),
             ("blocks_free", stats["blocks_free"]),
             ("blocks_leased", stats["blocks_leased"]),
+            *self._partition_fields(),
             ("hits_tokens", stats["hits_tokens"]),
             ("misses_tokens", stats["misses_tokens"]),
             ("hit_rate", f"{stats['hit_rate']:.4f}"),

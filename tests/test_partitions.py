@@ -53,6 +53,11 @@ def test_each_partition_gets_its_range_and_the_rest_is_shared(fresh_daemon):
         assert all(b in where for b in fresh), (name, fresh)
     assert client.execute_command("PFXCHECK") == b"OK"
     assert client.config_get("arena-partition") == {"arena-partition": "a:* 16 b:* 64kb"}
+    info = client.info("pfxcache")
+    assert info["pfxcache_arena_partitions"] == 3
+    assert info["pfxcache_arena_partition0"] == {"pattern": "a:*", "first_block": 0, "nblocks": 16, "free": 3,
+                                                 "pages": 10}
+    assert info["pfxcache_arena_partition2"]["pattern"] == "*"
 
 
 def test_a_full_partition_evicts_only_its_own_pages(fresh_daemon):
