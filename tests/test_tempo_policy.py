@@ -163,3 +163,24 @@ def test_store_and_daemon_modes_agree(chatty):
     store = replay.replay_store(trace, "tempo", 64, B, quiet=True)
     daemon = replay.DaemonRunner(None, 16).run(trace, "tempo", 64, B, 16, quiet=True)
     assert store["hit_tokens"] == daemon["hit_tokens"]
+
+
+def test_a_conversation_back_after_eviction_keeps_its_pace_and_its_prompt_is_not_its_own():
+    """The ghost knows a conversation by the end of its evicted leaf, not by its first page: one that
+    comes back is not new content; another one starting on the same system prompt is."""
+    store = ticking_store(64)
+    model = store._index.all.model
+    system = [1, 2]
+    talk = [*system, 10]
+    for k in range(4):  # a conversation of four turns on the system prompt
+        talk.append(20 + k)
+        turn(store, tokens(*talk))
+    store.evict_pages(NS, store.stats(NS)["pages"])  # everything goes, system prompt included
+    assert store.stats(NS)["pages"] == 0
+    news = model.news
+    talk.append(30)
+    assert turn(store, tokens(*talk)) == 0  # back: a miss, but through the ghost
+    assert model.news == news and store.check() == []
+    store.evict_pages(NS, store.stats(NS)["pages"])
+    turn(store, tokens(*system, 40, 41))  # someone else on the same system prompt: new content
+    assert model.news == news + 1

@@ -170,7 +170,6 @@ class RadixTree:
         top.tick = child.tick
         top.gap = child.gap
         top.policy_data = child.policy_data  # the policy's view of the latest access through both
-        top.tempo = child.tempo
         top.lock_ref = child.lock_ref  # every pin through child also passes through top
         if child.page_hashes is not None:  # each page keeps its block hash
             top.page_hashes, child.page_hashes = child.page_hashes[: m * 8], child.page_hashes[m * 8 :]

@@ -12,25 +12,36 @@ to come back soon per page held: the largest of
 over the candidates, where age = ticks since the last access. A leaf not yet
 overdue (age < pace) scores its pace: the slowest conversations go first; a
 leaf long overdue (its user left) scores more the longer it stays away, and
-goes first too. Content with no known pace (a new conversation, a one-off
-prompt) gets DEFAULT_PACE x the typical pace seen so far; when every pace is
+goes first too. New content (no pace of its own yet: a new conversation, a
+one-off prompt) gets the typical gap after which new content came back,
+divided by the share of new content that came back at all: where most of it
+never returns it goes before the conversations that do. When every pace is
 the same, the order is LRU's.
 
 Where a pace comes from (in ticks, so replays in process and through the
-daemon agree): a new leaf below a private parent that was just hit (the next
-turn) takes the parent's gap; a leaf hit again takes its new gap; a new leaf
-whose first page is in the ghost of recently evicted leaves (the
-conversation came back after it was evicted) takes the time since its last
-access then. Each new gap is blended into the conversation's previous pace
-in log space (weight SMOOTH): one gap alone predicts the next poorly.
+daemon agree): a leaf hit again takes its new gap; a new leaf below a private
+parent that ended the access before and was just hit (the next turn) takes
+the parent's gap; a new leaf that covers the end of a recently evicted leaf
+(the conversation came back after it was evicted: its ghost, keyed by the
+last page, its depth and the namespace) takes the time since that leaf's last
+access. A shared prompt whose other continuations were all evicted is private
+too, but ended no access of its own: a conversation starting on it is new
+content, not its next turn (keying the ghost by first pages made that
+mistake: every conversation on one system prompt shares its first page).
+Each new gap is blended into the conversation's pace in log space: the mean
+of its log gaps, then an EWMA of weight SMOOTH (one gap alone predicts the
+next poorly).
 
 Cost: candidates are bucketed by half-octaves of their pace, one lazy heap
 of access ticks per bucket; inside a bucket paces differ by less than
 sqrt(2), so the oldest is (within that factor) the best there, and a victim
 is the best of the bucket heads: O(buckets + log n) per eviction, O(log n)
-per access, like ``hybrid``. Memory: one (pace, freq) pair per node
-(``Node.tempo``) and a ghost bounded as ``ghost``'s. Per-namespace instances
-(EVICT commands) order by the paces the global instance set.
+per access, like ``hybrid``; a new leaf looks its pages up in the ghost
+(O(its pages), what storing them costs anyway) and both it and an evicted
+leaf walk to the root for their depth, as ``reuse`` does. Memory: a small
+tuple per node (``Node.tempo``) and a ghost bounded as ``ghost``'s.
+Per-namespace instances (EVICT commands) order by the paces the global
+instance set.
 """
 
 from __future__ import annotations
@@ -46,8 +57,7 @@ from .policies import _COMPACT_SLACK, GHOST_MAX, GHOST_MIN, GHOST_PER_LEAF
 PACE_BUCKETS = 48  # half-octave buckets of a pace in ticks: up to 2**24 ticks
 OVERDUE = 2.0  # how fast an overdue leaf's score grows with age / pace
 SMOOTH = 0.5  # weight of the newest gap in a conversation's pace (log space)
-DEFAULT_PACE = 1.0  # new content: this x its typical return gap / the share of it that returns
-MIN_SHARE = 0.02  # ... that share counted as at least this
+MIN_SHARE = 0.02  # new content's pace: its typical return gap / the share that returns, at least this share
 HALFLIFE = 2048  # new leaves after which the counts of new content weigh half
 
 
@@ -55,9 +65,10 @@ def _bucket(pace: float) -> int:
     return min(PACE_BUCKETS - 1, int(2 * math.log2(pace))) if pace > 1.0 else 0
 
 
-def _blend(gap: float, pace: float) -> float:
-    """The newest gap blended into the previous pace, in log space."""
-    return math.exp(SMOOTH * math.log(gap) + (1.0 - SMOOTH) * math.log(pace))
+def _blend(gap: int, pace: float, gaps: int) -> tuple[float, int]:
+    """A conversation's pace over ``gaps`` gaps with one more: the running mean of log gaps, then an EWMA."""
+    w = max(SMOOTH, 1.0 / (gaps + 1))
+    return math.exp(w * math.log(max(gap, 1)) + (1.0 - w) * math.log(pace)), gaps + 1
 
 
 class PaceModel:
@@ -90,7 +101,7 @@ class PaceModel:
         if self.returns < 1.0:
             return 1.0
         share = min(1.0, self.returns / max(self.news, 1.0))
-        return DEFAULT_PACE * math.exp(self.log_gap) / max(share, MIN_SHARE)
+        return math.exp(self.log_gap) / max(share, MIN_SHARE)
 
 
 class TempoPolicy:
@@ -106,8 +117,8 @@ class TempoPolicy:
         self._seq = itertools.count()
         self.live = 0
         self._entries = 0
-        # first page (in its namespace) of an evicted leaf -> (tick of its last access, its pace)
-        self._ghost: OrderedDict[int, tuple[int, float, bool]] = OrderedDict()
+        # the end of an evicted leaf (last page, depth, namespace) -> (its last access tick, pace, gaps, ended one)
+        self._ghost: OrderedDict[int, tuple[int, float, int, bool]] = OrderedDict()
 
     def for_scope(self) -> TempoPolicy:
         """The instance for one namespace's index: the same paces and clock, no learning."""
@@ -117,41 +128,65 @@ class TempoPolicy:
         return {"tempo_new_content_pace_ticks": round(self.model.default()), "tempo_ghost_entries": len(self._ghost)}
 
     @staticmethod
-    def _ghost_key(node) -> int:
-        tree = node.tree
-        return zlib.crc32(node.key[: tree.page_bytes], zlib.crc32(tree.scope))
+    def _page_key(scope: bytes, page: bytes, depth: int) -> int:
+        """A ghost key: a page, its depth in pages from the root and its namespace (a shared first page, as
+        every conversation on one system prompt has, is not enough: the end of a conversation is its own)."""
+        return zlib.crc32(page, (zlib.crc32(scope) + depth) & 0xFFFFFFFF)
 
-    def _pace(self, node, uncovered: bool) -> tuple[float, bool]:
-        """(the pace of ``node``'s latest access, whether it is new content's default); teaches the model."""
+    def _returned(self, node):
+        """The ghost entry of the deepest evicted leaf whose end lies on ``node``'s new edge (popped), or None."""
+        tree = node.tree
+        P = tree.page_bytes
+        key = node.key
+        depth = tree.depth_pages(node)
+        ghost = self._ghost
+        n = len(key) // P
+        for j in range(n - 1, -1, -1):
+            seen = ghost.pop(self._page_key(tree.scope, key[j * P : (j + 1) * P], depth - (n - 1 - j)), None)
+            if seen is not None:
+                return seen
+        return None
+
+    def _pace(self, node, uncovered: bool) -> tuple[float, int, bool]:
+        """(the pace of ``node``'s latest access, the gaps it is made of (0: new content), whether it ended an
+        access of its own); teaches the model."""
         model = self.model
         data = node.tempo
         if data is not None:
-            pace, freq, new = data
+            pace, freq, gaps, _, end = data
             if node.freq != freq and not uncovered and node.gap:  # hit again since
-                if new:
+                if not gaps:
                     model.returned(node.gap)
-                return _blend(node.gap, pace) if not new else float(node.gap), False
-            return pace, new
-        if node.freq or node.children:  # an inner node or a hit the policy never saw (a policy switch)
-            return (float(node.gap), False) if node.gap else (model.default(), False)
+                    return float(node.gap), 1, True
+                return (*_blend(node.gap, pace, gaps), True)
+            return pace, gaps, end
+        if node.freq or node.children:
+            # an inner node uncovered (a shared prefix, a split's upper part: no access of its own ended
+            # there), or a hit the policy never saw (a policy switch)
+            return (float(node.gap), 1, False) if node.gap else (model.default(), 0, False)
         parent = node.parent
-        if parent.parent is not None and len(parent.children) == 1 and parent.gap:
-            # the next turn of a conversation: its parent came back after parent.gap ticks
-            prev = parent.tempo
-            if prev is None or prev[2]:
-                if prev is not None and prev[1] == parent.freq - 1:
+        prev = parent.tempo
+        if (prev is not None and parent.parent is not None and len(parent.children) == 1 and parent.gap
+                and prev[3] in (parent.tick - parent.gap, parent.tick)):
+            # The next turn of a conversation: its parent, the end of the access before (it was indexed
+            # as a leaf then, not passed through by others since), came back after parent.gap ticks.
+            # (A shared prompt whose other continuations were evicted is private too, but not an end.)
+            if prev[1] == parent.freq - 1:  # (else a lookup without a lease re-indexed the parent: counted then)
+                if not prev[2]:
                     model.returned(parent.gap)
-                return float(parent.gap), False
-            return _blend(parent.gap, prev[0]), False
-        seen = self._ghost.pop(self._ghost_key(node), None)
-        if seen is not None:  # back after it was evicted
-            gap = max(node.tick - seen[0], 1)
-            if seen[2]:
+                    return float(parent.gap), 1, True
+                return (*_blend(parent.gap, prev[0], prev[2]), True)
+            return prev[0], prev[2], True
+        seen = self._returned(node)
+        if seen is not None and seen[3]:  # back after it was evicted (a shared prefix's return is not its own)
+            tick, pace, gaps, _ = seen
+            gap = max(node.tick - tick, 1)
+            if not gaps:
                 model.returned(gap)
-                return float(gap), False
-            return _blend(gap, seen[1]), False
+                return float(gap), 1, True
+            return (*_blend(gap, pace, gaps), True)
         model.new()
-        return model.default(), True
+        return model.default(), 0, True
 
     def push(self, node, uncovered: bool = False) -> None:
         tick = node.tick
@@ -161,8 +196,8 @@ class TempoPolicy:
         else:
             if tick > self.model.now:
                 self.model.now = tick
-            pace, new = self._pace(node, uncovered)
-            node.tempo = (pace, node.freq, new)
+            pace, gaps, end = self._pace(node, uncovered)
+            node.tempo = (pace, node.freq, gaps, tick, end)
         heapq.heappush(self._buckets[_bucket(pace)], (tick, next(self._seq), pace, node.version, node))
         self.live += 1
         self._entries += 1
@@ -173,8 +208,10 @@ class TempoPolicy:
             return
         data = node.tempo
         ghost = self._ghost
-        h = self._ghost_key(node)
-        ghost[h] = (node.tick, data[0], data[2]) if data is not None else (node.tick, self.model.default(), True)
+        tree = node.tree
+        P = tree.page_bytes
+        h = self._page_key(tree.scope, node.key[-P:], tree.depth_pages(node))
+        ghost[h] = (node.tick, data[0], data[2], data[4]) if data is not None else (node.tick, 1.0, 0, False)
         ghost.move_to_end(h)
         limit = max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX))
         while len(ghost) > limit:
