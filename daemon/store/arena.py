@@ -80,6 +80,14 @@ class Arena:
 
     def write(self, ids: Sequence[int], data) -> None:
         """Store ``data`` (exactly len(ids) * block_bytes bytes) into ``ids``, in order."""
+        if len(ids) == 1 and ids[0].__class__ is int and 0 <= ids[0] < self.nblocks:
+            # One block (a PFXSET of one new page): a plain row copy, 1 us instead of 3.5 for
+            # the index array and the fancy-indexed store.
+            src = np.frombuffer(data, dtype=np.uint8)
+            if src.size != self.block_bytes:
+                raise BadRequest(f"data is {src.size} bytes, expected 1 blocks x {self.block_bytes} bytes")
+            self._blocks[ids[0]] = src
+            return
         idx = self._index(ids)
         src = np.frombuffer(data, dtype=np.uint8) if len(data) else np.empty(0, np.uint8)
         if src.size != idx.size * self.block_bytes:
