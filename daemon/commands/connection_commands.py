@@ -57,7 +57,8 @@ def authenticate(ctx: Context, username: bytes, password: bytes, command: str = 
 def ping(ctx: Context, argv: list[bytes]) -> Any:
     if len(argv) > 2:
         return arity_error("ping")
-    if ctx.client.resp == 2 and ctx.client.subscribed:  # Redis answers a subscriber with a pong array
+    client = ctx.client
+    if client.pubsub is not None and client.resp == 2 and client.subscribed:  # Redis answers a subscriber with a pong array
         return [b"pong", argv[1] if len(argv) == 2 else b""]
     return PONG if len(argv) == 1 else argv[1]
 
