@@ -3,6 +3,7 @@
     scripts/bench-hotpath                 # short runs, median of 3
     scripts/bench-hotpath --no-peers      # without SGLang and Mooncake (nothing fetched)
     scripts/bench-hotpath --json
+    scripts/bench-hotpath --no-peers --policy lru   # the request path under the cheapest policy
 
 Rounds (--repeat, default 3) alternate the servers so that a load change on a shared machine
 hits both sides of a ratio alike; each figure is the median of the rounds' ratios.
@@ -97,8 +98,10 @@ def _rps(address, load_args, clients, pipeline, requests) -> float:
 def resp_rounds(args, bar, served: Served) -> tuple[dict[str, list[float]], dict]:
     """The RESP rows: per round, each pair of servers back to back; returns ratios per round and floor figures."""
     loads = {load.key: load for load in resp_bench.build_loads(args)}
+    policy = ("--maxmemory-policy", args.policy) if args.policy else ()
     ours = start_daemon("--loglevel", "warning", "--maxmemory", args.maxmemory,
-                        "--block-bytes", str(resp_bench.BLOCK_BYTES), "--page-size", str(resp_bench.PAGE_TOKENS))
+                        "--block-bytes", str(resp_bench.BLOCK_BYTES), "--page-size", str(resp_bench.PAGE_TOKENS),
+                        *policy)
     redis = start_redis_server("--maxmemory", args.maxmemory, "--maxmemory-policy", "allkeys-lru")
     floor = resp_bench.start_floor()
     ratios: dict[str, list[float]] = {k: [] for k in ("pfxget_p1", "pfxget_p16", "pair", "pfxset_new", "ping_p1",
@@ -226,6 +229,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="rounds; figures are medians (default 3)")
     parser.add_argument("--maxmemory", default="64mb", help="maxmemory of both servers (default 64mb)")
     parser.add_argument("--keyspace", type=int, default=1_000_000, help="-r of the PFXSET new-page load")
+    parser.add_argument("--policy", help="pfxcached's maxmemory-policy (default: the daemon's); lru shows what "
+                        "the request path costs with the cheapest store bookkeeping")
     parser.add_argument("--no-peers", action="store_true", help="skip SGLang and Mooncake (nothing is fetched)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args()
@@ -266,7 +271,7 @@ def main() -> int:
     print(f"$ {command}")
     print(f"issue 14's table, {machine()['cpus']} CPUs (load average {load} at the end), redis-server "
           f"{redis_version.removeprefix('v=')}; median of {args.repeat} rounds, each ratio against its reference "
-          f"in the same round")
+          f"in the same round; pfxcached maxmemory-policy {args.policy or 'default'}")
     print(f"{'measure':<64}{'ratio':>8}{'goal':>8}  {'verdict':<8}{'CPU ratio':>10}")
     print("-" * 100)
     for row in rows:
