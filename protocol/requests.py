@@ -105,6 +105,7 @@ _GUARD = bytes(
     for c in range(256)
 )
 _GUARD_PATTERN = b"TDDDDDD"
+_GUARD_BACK = len(_GUARD_PATTERN) - 1
 #: The parser choice: a bulk header of 4+ digits (a payload of 1,000 bytes or
 #: more) among the first bytes of a request sends it to the exact parser.
 #: Only a choice of speed: both parsers give the same result for any bytes.
@@ -259,7 +260,7 @@ class RequestParser:
         """
         if self._error is not None:
             return
-        size = len(data) if not isinstance(data, memoryview) else data.nbytes
+        size = len(data) if data.__class__ is not memoryview else data.nbytes  # (no subclasses)
         if not size:
             return
         buf = self._buf
@@ -368,12 +369,16 @@ class RequestParser:
             if rend == pos and end - pos > 1000 and _exact_is_cheaper(buf, pos):
                 return None  # at a request boundary: the exact parser takes the next one
             if rend < end:
-                stop = min(end, rend + _FAST_CHUNK)
+                stop = rend + _FAST_CHUNK
+                if stop > end:
+                    stop = end
                 # Never let hiredis see a big aggregate header (its list would
                 # be allocated and later freed slot by slot): feed it only up
                 # to such a header; the request there goes to the exact parser.
                 # The scan starts a little back to catch headers cut in two.
-                scan_from = max(pos, rend - len(_GUARD_PATTERN) + 1)
+                scan_from = rend - _GUARD_BACK
+                if scan_from < pos:
+                    scan_from = pos
                 hit = buf[scan_from:stop].translate(_GUARD).find(_GUARD_PATTERN)
                 if hit >= 0:
                     stop = scan_from + hit
