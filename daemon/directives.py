@@ -172,7 +172,7 @@ DIRECTIVES: tuple[Directive, ...] = (
         "average are kept longer; plain LRU when nothing predicts a return), tempo (each "
         "conversation kept as long as its own pace of turns says it comes back: the "
         "slowest and the long overdue go first), guard (the "
-        "default: the order of whichever of lru, lfu, reuse, ghost, hybrid and tempo hit most in "
+        "default: the order of whichever of lru, lfu, reuse, hybrid and tempo hit most in "
         "miniature simulations of a sample of the pages, LRU's as soon as the cache "
         "falls behind what LRU would hit), noeviction (never evict: writes "
         "answer -OOM once the arena is full; PFXEVICT still works). redis-server's names are "

@@ -135,14 +135,18 @@ class TempoPolicy:
 
     def _returned(self, node):
         """The ghost entry of the deepest evicted leaf whose end lies on ``node``'s new edge (popped), or None."""
+        ghost = self._ghost
+        if not ghost:
+            return None
         tree = node.tree
         P = tree.page_bytes
         key = node.key
-        depth = tree.depth_pages(node)
-        ghost = self._ghost
-        n = len(key) // P
-        for j in range(n - 1, -1, -1):
-            seen = ghost.pop(self._page_key(tree.scope, key[j * P : (j + 1) * P], depth - (n - 1 - j)), None)
+        seed = zlib.crc32(tree.scope) + tree.depth_pages(node)  # + depth: the last page's key
+        crc32 = zlib.crc32
+        pop = ghost.pop
+        end = len(key)
+        for start in range(end - P, -1, -P):
+            seen = pop(crc32(key[start : start + P], (seed - (end - P - start) // P) & 0xFFFFFFFF), None)
             if seen is not None:
                 return seen
         return None
