@@ -30,7 +30,7 @@ from pfxcache.protocol.requests import NEED_DATA, ProtocolError, RequestParser
 from .clients import Client
 from .commands.context import NO_REPLY, Context
 from .dispatch import Pending, execute, execute_pending
-from .fd_passing import send_with_fds
+from .fd_passing import discard_fds, send_with_fds
 
 log = logging.getLogger("pfxcached")
 
@@ -205,6 +205,8 @@ async def serve_connection(server: Any, sock: socket.socket, client: Client) -> 
                 break
     finally:
         server.parsers.pop(client.id, None)
+        if client.outgoing_fds:  # killed between a PFXATTACH and its reply
+            discard_fds(client)
 
 
 async def _write_replies(client: Client, sock: socket.socket, out: ReplyBuffer, stats: Any,

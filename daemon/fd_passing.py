@@ -20,6 +20,13 @@ from pfxcache.protocol.replies import ReplyBuffer
 from .clients import Client
 
 
+def discard_fds(client: Client) -> None:
+    """Close descriptors that never went out (the connection ended first)."""
+    fds, client.outgoing_fds = client.outgoing_fds, []
+    for fd in fds:
+        os.close(fd)
+
+
 async def send_with_fds(client: Client, sock: socket.socket, out: ReplyBuffer, stats: Any) -> None:
     """Write ``out`` with ``client.outgoing_fds`` attached (OSError when the peer is gone)."""
     fds, client.outgoing_fds = client.outgoing_fds, []

@@ -85,7 +85,7 @@ def tenants(fresh_daemon, sock_dir):
     admin.execute_command("ACL", "SETUSER", "ta", "on", ">pa", "~a:*", "+@pfx")
     admin.execute_command("ACL", "SETUSER", "tb", "on", ">pb", "~b:*", "+@pfx")
     admin.execute_command("ACL", "SETUSER", "tr", "on", ">pr", "~a:*", "+@pfx", "-pfxalloc", "-pfxset", "-pfxevict")
-    admin.execute_command("ACL", "SETUSER", "ops", "on", ">po", "allkeys", "+@all")
+    admin.execute_command("ACL", "SETUSER", "ops", "on", ">po", "allkeys", "allchannels", "+@all")
     admin.execute_command("ACL", "SETUSER", "default", "off")
     return daemon, path, admin
 
@@ -347,3 +347,33 @@ def _async_worker(path: str) -> list:
 def test_the_async_client_attaches_over_the_unix_socket_too(tenants):
     _, path, _ = tenants
     assert as_nobody(_async_worker, path) == ["PartitionedArenaView", "shm", True]
+
+
+def test_the_daemon_keeps_no_descriptor_it_passed_or_could_not_pass(tenants):
+    from support import wait_for
+
+    daemon, path, admin = tenants
+
+    def open_fds() -> int:
+        return len(os.listdir(f"/proc/{daemon.proc.pid}/fd"))
+
+    baseline = open_fds()
+    for i in range(30):
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(path)
+            sock.sendall(encode([b"AUTH", b"ops", b"po"]) + encode([b"PFXATTACH"]) * 3)
+            if i % 2:  # read them (and drop the received ones), or hang up at once
+                _, ancillary, _, _ = sock.recvmsg(1 << 16, socket.CMSG_SPACE(64 * 4))
+                for _, _, payload in ancillary:
+                    for j in range(0, len(payload), 4):
+                        os.close(int.from_bytes(payload[j : j + 4], "little"))
+    wait_for(lambda: open_fds() == baseline, 10, "the daemon to close every descriptor it opened")
+    with socket.socket(socket.AF_UNIX) as sock:  # and none on a subscribed connection
+        sock.settimeout(10)
+        sock.connect(path)
+        sock.sendall(encode([b"AUTH", b"ops", b"po"]) + encode([b"SUBSCRIBE", b"ch"]) + encode([b"PFXATTACH"]))
+        reply = b""
+        while b"\r\n-" not in reply:
+            reply += sock.recv(4096)
+    assert b"-ERR" in reply and b"pfxattach" in reply
+    assert admin.execute_command("PFXCHECK") == b"OK"

@@ -27,6 +27,8 @@ def pfxattach(ctx: Context, argv: list[bytes]) -> Any:
     if not client.is_unix:
         return Error("ERR PFXATTACH works only on the unix socket (the unixsocket directive): descriptors "
                      "cannot cross TCP; over TCP use PFXGET WITHDATA and PFXSET DATA")
+    if client.pubsub is not None:  # its push writer shares the socket: the descriptors could land mid-frame
+        return Error("ERR PFXATTACH is not allowed on a subscribed connection: attach on a connection of its own")
     service = ctx.server.prefix
     layout = service.attach_layout()
     if layout is None:
