@@ -323,6 +323,10 @@ def open_arena(arena: dict) -> Any:
     """An arena view for the ``arena`` map of PFXINFO: shm here, cuda from ``pfxcache.client.cuda``."""
     backend = arena.get("backend")
     if backend == "shm":
+        if not arena.get("path"):
+            # A partitioned arena, or a tenant's view of PFXINFO: nothing to open by path.
+            raise AttachError("the daemon gives no arena path to this user (arena partitions, or a tenant): "
+                              "attach over its unix socket with a unix:// URL (PFXATTACH), or use RESP")
         return ShmArenaView.from_info(arena)
     if backend == "cuda":
         try:

@@ -239,7 +239,8 @@ DIRECTIVES: tuple[Directive, ...] = (
         name="arena", kind=Enum(("shm", "memory", "cuda")), default="shm", mutable=False,
         doc="Where blocks live: shm, a sealed memfd (it cannot be shrunk: no worker can crash "
         "the daemon) that workers of the daemon's user on this host map zero-copy through "
-        "/proc/<pid>/fd/<n> (its PFXINFO path); memory, private to the daemon; cuda, "
+        "/proc/<pid>/fd/<n> (its PFXINFO path) and other local workers receive over the unix "
+        "socket (PFXATTACH; see arena-partition); memory, private to the daemon; cuda, "
         "one allocation on the GPU arena-device that CUDA processes open through its IPC "
         "handle (needs CuPy: pip install pfxcache[cuda12] or [cuda13]).",
     ),

@@ -377,3 +377,16 @@ def test_the_daemon_keeps_no_descriptor_it_passed_or_could_not_pass(tenants):
             reply += sock.recv(4096)
     assert b"-ERR" in reply and b"pfxattach" in reply
     assert admin.execute_command("PFXCHECK") == b"OK"
+
+
+def test_over_tcp_a_partitioned_arena_or_a_tenant_falls_back_to_resp_with_the_reason(tenants):
+    daemon, _, admin = tenants
+    for user, password in (("ops", "po"), ("ta", "pa")):
+        cache = PrefixCache.from_url(f"redis://{daemon.host}:{daemon.port}/0", username=user, password=password)
+        try:
+            assert not cache.attached and "unix socket" in cache.attach_error
+            cache.save("a:tcp", tokens(4, 1), pages(10, 1))
+            got = np.zeros((1, BB), np.uint8)
+            assert cache.load("a:tcp", tokens(4, 1), got).via == "resp" and np.array_equal(got, pages(10, 1))
+        finally:
+            cache.close()
