@@ -33,6 +33,7 @@ from .dispatch import Pending, execute, execute_pending
 from .fd_passing import discard_fds, send_with_fds
 
 log = logging.getLogger("pfxcached")
+_now = time.perf_counter_ns
 
 # Redis reads 16 KiB at a time; a larger first read costs nothing and helps pipelines.
 READ_SIZE = 64 * 1024
@@ -43,11 +44,26 @@ READ_SIZE = 64 * 1024
 FLUSH_BYTES = 1 << 20
 
 
+#: A pipelined batch lets the other connections run once it has run this long: its
+#: commands take no checkpoint of their own (PFXGET and PFXSET neither, when their shard
+#: lock is free), and 64 KiB of small PFXSETs that evict can take a while. The clock is
+#: read every BATCH_CHECK commands, so a batch of a few requests never reads it.
+BATCH_BUDGET_NS = 2_000_000
+BATCH_CHECK = 16
+
+
 class _Flush:
     __slots__ = ()
 
 
 FLUSH = _Flush()
+
+
+class _Yield:
+    __slots__ = ()
+
+
+YIELD = _Yield()
 
 
 class OutputLimitReached(ConnectionError):
@@ -187,6 +203,8 @@ async def serve_connection(server: Any, sock: socket.socket, client: Client) -> 
                 while step is not None:
                     if step is FLUSH:
                         await _write_replies(client, sock, out, stats, limit)
+                    elif step is YIELD:
+                        await trio.lowlevel.checkpoint()
                     else:
                         _emit(ctx, parser, out, await execute_pending(ctx, step))
                     step = _run_buffered_requests(ctx, parser, out)
@@ -265,19 +283,29 @@ async def _send_rest(sock: socket.socket, rest: list, stats: Any, limit: OutputL
     stats.total_writes_processed += 1
 
 
-def _run_buffered_requests(ctx: Context, parser: RequestParser, out: ReplyBuffer) -> Pending | _Flush | None:
+def _run_buffered_requests(ctx: Context, parser: RequestParser,
+                           out: ReplyBuffer) -> Pending | _Flush | _Yield | None:
     """Run the complete requests buffered, in order, encoding replies into ``out``.
 
     Stops at a command whose handler is async and returns it for the caller
     to await (a plain function keeps the common, all-sync batch free of
     coroutine overhead), and returns FLUSH when ``out`` has grown past
-    FLUSH_BYTES so the caller writes before running more.
+    FLUSH_BYTES so the caller writes before running more, and YIELD once the
+    batch has run for BATCH_BUDGET_NS so the caller lets other connections run.
     """
     client = ctx.client
     server = ctx.server
+    ran = 0
+    started = 0
     while not client.close_after_reply:
         if out.nbytes >= FLUSH_BYTES:
             return FLUSH
+        ran += 1
+        if ran % BATCH_CHECK == 0:
+            if not started:
+                started = _now()
+            elif _now() - started >= BATCH_BUDGET_NS:
+                return YIELD
         try:
             argv = parser.next_command()
         except ProtocolError as error:
