@@ -206,3 +206,85 @@ def test_random_operations_keep_partitions_consistent_and_apart(policy):
             store.release(leases.pop(rng.randrange(len(leases))), 1)
         problems = store.check()
         assert not problems, (step, problems)
+
+
+# -- a live partitioned daemon under random command sequences -------------------------------------------
+
+FUZZ_NAMES = ["a:1", "a:2", "b:1", "c"]
+FUZZ_RANGES = {"a": range(0, 16), "b": range(16, 32), "c": range(32, 64)}
+ZERO_MARK = 999  # sequences committed with BLOCKS (never written: zero bytes) start with it
+
+
+def page_bytes(name: str, toks: list[int], page: int) -> bytes:
+    """What every page holds in this test: a function of its namespace and prefix (zeros for BLOCKS ones)."""
+    if toks[0] == ZERO_MARK:
+        return bytes(BB)
+    import hashlib
+
+    seed = hashlib.blake2b(f"{name}/{toks[: (page + 1) * PS]}".encode(), digest_size=16).digest()
+    return seed * (BB // 16)
+
+
+def fuzz_step(rng: random.Random, client, leases: list, held: list) -> None:
+    name = rng.choice(FUZZ_NAMES)
+    npages = rng.randrange(1, 5)
+    base = rng.randrange(6)  # few distinct prompts, so lookups hit and inserts extend cached prefixes
+    toks = [base, *[(base * 7 + i) % 5 for i in range(1, 4 * PS)]][: npages * PS]
+    op = rng.random()
+    try:
+        if op < 0.35:
+            data = b"".join(page_bytes(name, toks, p) for p in range(npages))
+            client.execute_command("PFXSET", name, "TOKENS", *toks, "DATA", data)
+        elif op < 0.6:
+            form = rng.choice([["WITHDATA", "NOLEASE"], ["WITHDATA"], []])
+            found = client.execute_command("PFXGET", name, "TOKENS", *toks, *form)
+            blocks = found[b"blocks"]
+            assert all(b in FUZZ_RANGES[name[0]] for b in blocks), (name, blocks)
+            if b"data" in found:
+                pages = found[b"matched"] // PS
+                assert found[b"data"] == b"".join(page_bytes(name, toks, p) for p in range(pages))
+            if found[b"lease"]:
+                leases.append(found[b"lease"])
+        elif op < 0.7:
+            got = client.execute_command("PFXALLOC", name, rng.randrange(1, 4))
+            assert all(b in FUZZ_RANGES[name[0]] for b in got[b"blocks"])
+            held.append((name, got[b"lease"], got[b"blocks"]))
+        elif op < 0.8 and held:
+            owner, lease, blocks = held.pop(rng.randrange(len(held)))
+            target = rng.choice([owner, owner, *FUZZ_NAMES])  # sometimes another partition's key
+            marked = [ZERO_MARK, *range(1, len(blocks) * PS)]
+            try:
+                client.execute_command("PFXSET", target, "TOKENS", *marked, "BLOCKS", *blocks)
+                assert target[0] == owner[0] or target == owner, (owner, target)
+            finally:
+                client.execute_command("PFXRELEASE", lease)
+        elif op < 0.88 and leases:
+            client.execute_command("PFXRELEASE", leases.pop(rng.randrange(len(leases))))
+        elif op < 0.95:
+            form = rng.choice([["ALL"], ["PAGES", rng.randrange(1, 4)], ["BYTES", rng.randrange(1, 3 * BB)],
+                               ["TOKENS", *toks]])
+            client.execute_command("PFXEVICT", name, *form)
+        elif op < 0.98:
+            client.execute_command("DEL", name)
+        else:
+            client.execute_command("FLUSHALL")
+    except redis.ResponseError as exc:
+        text = str(exc)
+        assert any(reason in text for reason in ("cannot allocate", "not in the arena partition")), text
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_command_sequences_keep_partitions_apart_and_every_byte_right(fresh_daemon, seed):
+    _, client = partitioned(fresh_daemon)
+    client = redis.Redis(host=client.connection_pool.connection_kwargs["host"],
+                         port=client.connection_pool.connection_kwargs["port"], single_connection_client=True)
+    rng = random.Random(seed)
+    leases: list = []
+    held: list = []
+    for step in range(400):
+        fuzz_step(rng, client, leases, held)
+        while len(leases) > 4:
+            client.execute_command("PFXRELEASE", leases.pop(0))
+        if step % 50 == 49:
+            assert client.execute_command("PFXCHECK") == b"OK", step
+    assert client.execute_command("PFXCHECK") == b"OK"
