@@ -110,13 +110,19 @@ class BlockAllocator:
         self._counts[state] += n
         return ids
 
-    def release(self, ids: list[int]) -> None:
-        """Return blocks to the free stack (they must not be free already)."""
+    def release(self, ids) -> None:
+        """Return blocks to the free stack (they must not be free already).
+
+        ``ids``: a list, or an ``array('q')`` (evicted pages: the tree's own arrays, which numpy
+        reads in place).
+        """
         n = len(ids)
         if not n:
             return
         # Validate first: a double free is a store bug, and must not corrupt the stack.
         if n < _NUMPY_FROM:
+            if type(ids) is not list:
+                ids = list(ids)
             states = bytes(map(self._state.__getitem__, ids))
             if FREE in states:
                 raise RuntimeError(f"allocator: block {ids[states.index(FREE)]} freed twice")

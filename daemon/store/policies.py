@@ -47,6 +47,8 @@ class HeapPolicy:
         self._run: deque[tuple] = deque()  # entries pushed in ascending order: a sorted queue
         self._seq = itertools.count()  # unique tie-breaker: nodes themselves are never compared
         self.live = 0
+        self._heaped = None  # the latest entry filed into the heap, while it may be the latest push
+        self._heap_stale = 0  # heap entries seen going stale since the heap was last compacted
 
     @staticmethod
     def key(node) -> tuple:
@@ -62,16 +64,32 @@ class HeapPolicy:
         run = self._run
         if not run or entry > run[-1]:
             run.append(entry)
+            self._heaped = None
         else:
             heapq.heappush(self._heap, entry)
+            self._heaped = entry
 
     def drop(self) -> None:
         """One indexed node left the candidate set (its version was bumped, so its entry is stale)."""
         self.live -= 1
+        heaped = self._heaped
+        if heaped is not None and heaped[-2] != heaped[-1].version:
+            # Filed into the heap and dropped right away: an insert unpins its prefix (the leaf
+            # re-enters with its old key) and touches it at once. Such entries have old keys and
+            # would be popped one by one ahead of the next victims: past half the heap, filter it
+            # (O(heap), paid for by the drops counted since the last time).
+            self._heaped = None
+            self._heap_stale += 1
+            if self._heap_stale > len(self._heap) // 2 + _COMPACT_SLACK:
+                self._compact_heap()
         if len(self._heap) + len(self._run) > 2 * self.live + _COMPACT_SLACK:
-            self._heap = [e for e in self._heap if e[-2] == e[-1].version]
-            heapq.heapify(self._heap)
+            self._compact_heap()
             self._run = deque(e for e in self._run if e[-2] == e[-1].version)  # still sorted
+
+    def _compact_heap(self) -> None:
+        self._heap = [e for e in self._heap if e[-2] == e[-1].version]
+        heapq.heapify(self._heap)
+        self._heap_stale = 0
 
     def _top(self):
         """The smallest valid entry (it stays indexed), or None; stale entries ahead of it are dropped."""

@@ -2,7 +2,9 @@
 
 Tokens are packed little-endian uint32 bytes; a page is ``page_bytes`` of them
 and only whole pages are cached. Every edge holds a run of whole pages (its
-``key``) and one arena block id per page (``blocks``). Children are found by
+``key``) and one arena block id per page (``blocks``: in the store an
+``array('q')``, 8 bytes a page and no Python int per page, so evicting a node
+hands its ids to the allocator as one buffer, never converting them). Children are found by
 the bytes of their first page, so a lookup costs one dict probe and one
 C-level bytes comparison per edge: match cost grows with the prompt, never
 with the number of cached pages.
@@ -17,6 +19,8 @@ evict itself.
 """
 
 from __future__ import annotations
+
+from array import array
 
 
 class Totals:
@@ -71,11 +75,11 @@ class Node:
         "version",
     )
 
-    def __init__(self, tree: RadixTree, parent: Node | None, key: bytes, blocks: list[int], now: float) -> None:
+    def __init__(self, tree: RadixTree, parent: Node | None, key: bytes, blocks, now: float) -> None:
         self.tree = tree
         self.parent = parent
         self.key = key  # whole pages of packed tokens
-        self.blocks = blocks  # one arena block per page of key
+        self.blocks = blocks  # one arena block per page of key (a sliceable sequence: the store's are array('q'))
         # The block ids as replies carry them, cached by the daemon (opaque bytes to the store),
         # so a hot path is encoded once, not per request; None whenever ``blocks`` changes.
         self.blocks_encoded: bytes | None = None
@@ -264,7 +268,7 @@ class RadixTree:
 
     # -- growth and eviction ------------------------------------------------------------------
 
-    def add_leaf(self, parent: Node, key: bytes, blocks: list[int], now: float) -> Node:
+    def add_leaf(self, parent: Node, key: bytes, blocks, now: float) -> Node:
         """Hang a new unpinned leaf of whole pages below ``parent`` (no child there starts with key's first page)."""
         node = Node(self, parent, key, blocks, now)
         if parent.evictable:
@@ -275,8 +279,9 @@ class RadixTree:
         self.index.add(node)
         return node
 
-    def trim(self, node: Node, k: int) -> list[int]:
-        """Evict the last ``k`` pages of an unpinned leaf; returns their blocks (the caller frees them).
+    def trim(self, node: Node, k: int):
+        """Evict the last ``k`` pages of an unpinned leaf; returns their blocks, of the node's own
+        sequence type (the caller frees them).
 
         Removing a whole leaf may turn its parent into an unpinned leaf.
         """
@@ -301,7 +306,7 @@ class RadixTree:
         children = parent.children
         del children[node.key[: self.page_bytes]]
         node.parent = None
-        node.blocks = []
+        node.blocks = freed[:0]
         node.blocks_encoded = None
         self.nodes -= 1
         self.pages -= n
@@ -325,9 +330,9 @@ class RadixTree:
         out.reverse()
         return out
 
-    def drop_subtree(self, top: Node) -> tuple[list[int], int]:
+    def drop_subtree(self, top: Node) -> tuple[array, int]:
         """Evict every unpinned page of ``top``'s subtree (leaf first); returns (freed blocks, pinned pages kept)."""
-        freed: list[int] = []
+        freed = array("q")
         pinned = 0
         for node in self.subtree(top):
             if node.parent is None:

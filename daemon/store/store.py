@@ -22,6 +22,7 @@ import itertools
 import math
 import time
 import zlib
+from array import array
 
 from .allocator import LEASED, TREE, BlockAllocator
 from .arguments import TOKEN_BYTES, integer, namespace_name, packed_tokens, page_span
@@ -212,7 +213,7 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas, StorePartitions):
         victim = (self._index if part is None else part.index).victims(scope)
         events, touched, records = self._events, self.touched, self._ns
         evicted = 0
-        freed: list[int] = []
+        freed = array("q")  # the nodes' own arrays, joined at C speed: no Python int per page
         tree = rec = None
         owed = 0  # pages evicted from rec's namespace not yet counted there
         while evicted < n:
@@ -235,7 +236,7 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas, StorePartitions):
                         touched(tree.scope)
             if events is not None:
                 announce_trim(events, node, k)
-            freed += tree.trim(node, k)
+            freed.extend(tree.trim(node, k))
             owed += k
             evicted += k
             if not tree.pages:
@@ -469,7 +470,7 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas, StorePartitions):
             if reached < plan.npages:
                 fresh = plan.new_blocks[dups:]
                 self._alloc.move(fresh, LEASED, TREE)
-                end = tree.add_leaf(node, plan.tokens[reached * P : plan.npages * P], fresh, now)
+                end = tree.add_leaf(node, plan.tokens[reached * P : plan.npages * P], array("q", fresh), now)
                 stored = len(fresh)
                 if self._events is not None:
                     announce_stored(self._events, end)
