@@ -288,3 +288,19 @@ def test_random_command_sequences_keep_partitions_apart_and_every_byte_right(fre
         if step % 50 == 49:
             assert client.execute_command("PFXCHECK") == b"OK", step
     assert client.execute_command("PFXCHECK") == b"OK"
+
+
+def test_config_rewrite_keeps_the_partitions_and_the_file_starts_the_same_layout(tmp_path):
+    from pfxcache.daemon.config import Config
+
+    path = tmp_path / "pfx.conf"
+    path.write_text("arena-partition a:* 16\narena-partition \"b:*\" 1000k\nhz 10\n")
+    config = Config()
+    config.load_file(str(path))
+    assert [tuple(rule) for rule in config["arena-partition"]] == [("a:*", 16, "blocks"), ("b:*", 10**6, "bytes")]
+    config.set([(b"hz", b"20")])
+    config.rewrite()
+    again = Config()
+    again.load_file(str(path))
+    assert again["arena-partition"] == config["arena-partition"] and again["hz"] == 20
+    assert "1000000b" in path.read_text() or "1000k" in path.read_text()
