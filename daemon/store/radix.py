@@ -59,6 +59,7 @@ class Node:
         "page_hashes",
         "blocks",
         "blocks_encoded",
+        "blocks_list",
         "children",
         "evictable",
         "freq",
@@ -83,6 +84,10 @@ class Node:
         # The block ids as replies carry them, cached by the daemon (opaque bytes to the store),
         # so a hot path is encoded once, not per request; None whenever ``blocks`` changes.
         self.blocks_encoded: bytes | None = None
+        # The block ids as a list of ints, made by the first lookup through the node and cached
+        # like blocks_encoded: a hot path's ids are joined without making an int per page. Only
+        # lookups make it: a node nobody looks up (what eviction mostly takes) holds no ints.
+        self.blocks_list: list[int] | None = None
         self.children: dict[bytes, Node] = {}  # first page of the child's key -> child
         self.lock_ref = 0  # leases/plans pinning this node or a descendant
         self.last_access = now
@@ -182,7 +187,7 @@ class RadixTree:
         parent.children[top.key[:P]] = top
         child.key = child.key[cut:]
         child.blocks = child.blocks[m:]
-        child.blocks_encoded = None
+        child.blocks_encoded = child.blocks_list = None
         child.parent = top
         top.children[child.key[:P]] = child
         self.nodes += 1
@@ -198,8 +203,11 @@ class RadixTree:
         return node, pages
 
     @staticmethod
-    def path_blocks(node: Node) -> BlockPath:
-        """Block ids of every page from the root down to the end of ``node`` (with the path's nodes)."""
+    def path_blocks(node: Node, cache: bool = False) -> BlockPath:
+        """Block ids of every page from the root down to the end of ``node`` (with the path's nodes).
+
+        ``cache``: keep each node's ids as a list for the next call (lookups; see Node.blocks_list).
+        """
         nodes = []
         while node.parent is not None:
             nodes.append(node)
@@ -207,7 +215,12 @@ class RadixTree:
         nodes.reverse()
         out = BlockPath()
         for part in nodes:
-            out.extend(part.blocks)
+            ids = part.blocks_list
+            if ids is None:
+                ids = part.blocks
+                if cache:
+                    ids = part.blocks_list = list(ids)
+            out.extend(ids)
         out.nodes = nodes
         return out
 
@@ -290,7 +303,7 @@ class RadixTree:
             self.index.evicted(node, whole=False)
             freed = node.blocks[n - k :]
             del node.blocks[n - k :]
-            node.blocks_encoded = None
+            node.blocks_encoded = node.blocks_list = None
             node.key = node.key[: (n - k) * self.page_bytes]
             if node.page_hashes is not None:  # the kept pages keep their hashes
                 node.page_hashes = node.page_hashes[: (n - k) * 8]
@@ -307,7 +320,7 @@ class RadixTree:
         del children[node.key[: self.page_bytes]]
         node.parent = None
         node.blocks = freed[:0]
-        node.blocks_encoded = None
+        node.blocks_encoded = node.blocks_list = None
         self.nodes -= 1
         self.pages -= n
         self.unpinned -= n

@@ -313,7 +313,7 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas, StorePartitions):
                     # and re-enters it (with its new priority) when the lease ends.
                     tree.pin(node)
                 tree.touch(node, self._clock(), hit=True)
-                blocks = tree.path_blocks(node)
+                blocks = tree.path_blocks(node, cache=True)
                 if lease:
                     lease_id = self._leases.new(owner, READ, name, deadline, node, list(blocks)).id
                     rec.leases += 1
