@@ -9,7 +9,8 @@ import random
 import numpy as np
 import pytest
 from pfxcache.daemon.store import MemoryArena, OutOfMemory, PrefixStore, pack_tokens
-from pfxcache.daemon.store.guard import SAMPLE_PAGES, GuardPolicy, MiniCache, PageSampler
+from pfxcache.daemon.store import guard as guard_module
+from pfxcache.daemon.store.guard import EXPERTS, SAMPLE_PAGES, GuardPolicy, MiniCache, PageSampler
 from pfxcache.daemon.store.policies import LRUPolicy
 from pfxcache.daemon.store.registry import POLICIES
 from pfxcache.tools import replay
@@ -165,3 +166,39 @@ def test_bounded_miniatures():
     big = GuardPolicy(capacity=100 * SAMPLE_PAGES, page_bytes=B * 4)
     assert big.rate == pytest.approx(0.01) and all(m.capacity == SAMPLE_PAGES for m in big.minis.values())
     assert GuardPolicy(capacity=100, page_bytes=B * 4).rate == 1.0
+
+
+@pytest.mark.parametrize("expert", sorted(EXPERTS))
+def test_every_expert_driving_keeps_pins_and_evicts_leaves_only(expert, monkeypatch):
+    """Whichever expert drives (here held there: no decisions), leased pages stay and the store is consistent,
+    in two namespaces (each its own index, in the driver's order) under pressure and PFXEVICT."""
+    monkeypatch.setattr(guard_module, "DECIDE_EVERY", 1 << 30)
+    rng = random.Random(7)
+    trace = chatty_trace(requests=500, seed=3)
+    tick = itertools.count(1)
+    store = PrefixStore(MemoryArena(1, 40), page_size=B, shards=2, policy="guard",
+                        clock=lambda: float(next(tick)), lease_ttl_ms=0)
+    store._index.all.driving = expert
+    leases = {}
+    for step, req in enumerate(trace.requests):
+        ns = NS if step % 3 else b"second"
+        packed = replay.whole_pages(trace, req, B, 40)[0].tobytes()
+        m = store.match(ns, packed, lease=True, owner=1)
+        if m.lease_id:
+            leases[m.lease_id] = (ns, packed[: m.matched_tokens * 4])
+        try:
+            store.insert(ns, packed, offset=m.matched_tokens, owner=1)
+        except OutOfMemory:
+            pass
+        while len(leases) > rng.randrange(1, 5):
+            lease_id = rng.choice(list(leases))
+            del leases[lease_id]
+            store.release(lease_id, 1)
+        if rng.random() < 0.05:
+            store.evict_pages(ns, rng.randrange(1, 6))
+        for lease_ns, toks in leases.values():
+            assert store.cached_tokens(lease_ns, toks) * 4 >= len(toks)
+        if step % 50 == 0:
+            assert store.check() == []
+    assert store.check() == [] and store.policy_state()["guard_driver"] == expert
+    assert store.evictions > 0

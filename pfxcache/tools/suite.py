@@ -14,7 +14,7 @@ summary per policy: the geometric mean of its ratios to LRU, the worst ratio
 and where, and the worst ratio at the points where Belady is at least 2x
 LRU (where there is room to win).
 
-    scripts/suite                                    # both halves, lru,hybrid,ghost,reuse,guard
+    scripts/suite                                    # both halves, lru,lfu,hybrid,ghost,reuse,tempo,guard
     scripts/suite --half held-out --policies lru,guard
     scripts/suite --workloads chat,scans --fractions 0.01,0.05 --json
 
@@ -33,7 +33,7 @@ from . import replay, workloads
 from .common import OUT, command_line, progress_bar, save_plot, shown, tool_parser
 
 FRACTIONS = (0.005, 0.02, 0.06, 0.2)
-DEFAULT_POLICIES = "lru,hybrid,ghost,reuse,guard"
+DEFAULT_POLICIES = "lru,lfu,hybrid,ghost,reuse,tempo,guard"
 ROOM = 2.0  # Belady / LRU at or above this: a point where a policy has room to win
 
 
