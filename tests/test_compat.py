@@ -123,6 +123,7 @@ def test_config_resetstat_resets_what_redis_resets(r, ref) -> None:
     ours, theirs = r.info("stats"), ref.info("stats")
     assert {f: ours[f] for f in fields} == {f: theirs[f] for f in fields} == dict.fromkeys(fields, 0)
     assert r.info("pfxcache")["pfxcache_hits_tokens"] > 0  # our own counters stay cumulative
+    ref.delete("a")  # the reference is shared by the session's tests
 
 
 def test_lfu_directives_as_redis(r, ref) -> None:

@@ -113,6 +113,8 @@ SEQUENCES = [
 def test_sequences_answer_as_redis_server(pfx, redis_server, resp, sequence) -> None:
     ours, theirs = Raw(pfx.port, resp), Raw(redis_server.port, resp)
     try:
+        for side in (ours, theirs):  # the reference is shared by the session: start both from empty
+            assert side.call("FLUSHALL") == b"+OK\r\n"
         for command in sequence:
             mine, ref = ours.call(*command), theirs.call(*command)
             if command[0] == "CONFIG":  # queued in both; the value differs (maxclients)
