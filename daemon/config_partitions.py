@@ -19,6 +19,9 @@ from .config_kinds import Directive, Kind, format_memory, memtoull
 #: A size with a unit is bytes; a bare number is blocks.
 _BYTES = re.compile(r"[0-9]+(b|k|kb|m|mb|g|gb)", re.IGNORECASE)
 _BLOCKS = re.compile(r"[0-9]{1,18}")
+#: With the remainder, the descriptors one PFXATTACH reply carries to an operator: at most
+#: attach_commands.MAX_PENDING_FDS (and the client's MAX_FDS), well under SCM_MAX_FD (253).
+MAX_PARTITIONS = 127
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,9 @@ class ArenaPartitions(Kind):
             if amount < 1:
                 raise ValueError(f"arena-partition '{pattern}' must hold at least one block, got '{size}'")
             rules.append((pattern, amount, unit))
+        if len(rules) > MAX_PARTITIONS:
+            raise ValueError(f"at most {MAX_PARTITIONS} arena-partition lines (one PFXATTACH passes every "
+                             f"partition and the remainder as descriptors of one message)")
         return tuple(rules)
 
     def show(self, value: Sequence[Sequence[Any]]) -> str:

@@ -261,8 +261,8 @@ DIRECTIVES: tuple[Directive, ...] = (
         "each, in block order. The namespaces matching a partition (the first that matches) store "
         "only in its blocks, and a full partition evicts only its own pages; the others share the "
         "rest of maxmemory. Each partition is a memfd of its own that PFXATTACH hands, over the "
-        "unix socket, only to users whose key patterns cover it (read-only for %R~ patterns). "
-        "Sizes are rounded up to whole memory pages. shm arena only; startup only.",
+        "unix socket, only to users whose key patterns cover it (read-only for users without PFXALLOC). "
+        "Sizes are rounded up to whole memory pages. At most 127; shm arena only; startup only.",
     ),
     # --- KV events: what the store caches, for KV-aware routers (vLLM's ZMQ format) and pub/sub ---
     Directive(

@@ -29,6 +29,8 @@ def pfxattach(ctx: Context, argv: list[bytes]) -> Any:
                      "cannot cross TCP; over TCP use PFXGET WITHDATA and PFXSET DATA")
     if client.pubsub is not None:  # its push writer shares the socket: the descriptors could land mid-frame
         return Error("ERR PFXATTACH is not allowed on a subscribed connection: attach on a connection of its own")
+    if client.mute:  # CLIENT REPLY OFF/SKIP: the descriptors would arrive with no layout to say what they are
+        return Error("ERR PFXATTACH needs its reply: not under CLIENT REPLY OFF or SKIP")
     service = ctx.server.prefix
     layout = service.attach_layout()
     if layout is None:
