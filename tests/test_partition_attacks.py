@@ -231,3 +231,81 @@ def test_a_narrowed_user_keeps_what_it_mapped_but_its_next_attach_gets_nothing(t
     for fd in (go_read, go_write, done_read, done_write):
         os.close(fd)
     assert out == {"kept": "KEPT", "again": 0}
+
+
+def _vandal(path: str, go_read: int, stop_read: int) -> dict:
+    """ta's worker: writes garbage over all of its own partition and punches holes in it until told
+    to stop (each round checks for the parent's stop byte)."""
+    layout, fds = exchange(path, "ta", "pa")
+    view = mmap.mmap(fds[0], 16 * BB)
+    rng = np.random.default_rng(7)
+    os.set_blocking(stop_read, False)
+    os.read(go_read, 1)
+    rounds = 0
+    while True:
+        try:
+            if os.read(stop_read, 1):
+                break
+        except BlockingIOError:
+            pass
+        block = int(rng.integers(0, 16))
+        if rounds % 3:
+            view[block * BB: (block + 1) * BB] = rng.integers(0, 256, BB, dtype=np.uint8).tobytes()
+        else:
+            punch(fds[0], block * BB, BB)
+        rounds += 1
+    view.close()
+    os.close(fds[0])
+    return {"rounds": rounds}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_vandal_in_its_own_partition_never_touches_other_tenants_bytes_nor_the_daemon(tenants, seed):
+    """While a's worker scribbles over and punches holes in all of a's partition, b's namespaces and
+    the shared remainder go through inserts, evictions under pressure, FLUSHALL and policy switches,
+    and every byte read back is the one written; a's own reads never crash the daemon."""
+    import threading
+
+    daemon, path, admin = tenants
+    go_read, go_write = os.pipe()
+    stop_read, stop_write = os.pipe()
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(as_nobody(_vandal, path, go_read, stop_read)))
+    thread.start()
+    rng = np.random.default_rng(seed)
+    expected: dict = {}
+    try:
+        os.write(go_write, b"1")
+        for step in range(300):
+            roll = rng.random()
+            name = f"{'b' if rng.random() < 0.5 else 'c'}:{int(rng.integers(0, 6))}"
+            first, n = 1000 * step + seed, int(rng.integers(1, 4))  # no insert continues another
+            if roll < 0.45:
+                data = rng.integers(0, 256, (n, BB), dtype=np.uint8)
+                try:
+                    admin.execute_command("PFXSET", name, "TOKENS", *tokens(first, n), "DATA", data.tobytes())
+                    expected[(name, first, n)] = data.tobytes()
+                except redis.ResponseError as exc:
+                    assert "OOM" in str(exc)
+            elif roll < 0.85 and expected:
+                keys = list(expected)
+                key = keys[int(rng.integers(0, len(keys)))]
+                found = admin.execute_command("PFXGET", key[0], "TOKENS", *tokens(key[1], key[2]), "WITHDATA",
+                                              "NOLEASE")
+                have = found[b"data"]
+                assert have == expected[key][: len(have)], f"step {step}: {key} changed"  # evicted tails only
+            elif roll < 0.9:
+                admin.execute_command("PFXGET", "a:x", "TOKENS", *tokens(first, 2), "WITHDATA", "NOLEASE")
+                admin.execute_command("PFXSET", "a:x", "TOKENS", *tokens(first, 2), "DATA", bytes(2 * BB))
+            elif roll < 0.95:
+                admin.execute_command("CONFIG", "SET", "maxmemory-policy", ["lru", "guard", "lfu"][step % 3])
+            else:
+                admin.execute_command("FLUSHALL")
+                expected.clear()
+    finally:
+        os.write(stop_write, b"1")
+        thread.join()
+        for fd in (go_read, go_write, stop_read, stop_write):
+            os.close(fd)
+    assert result["rounds"] > 0
+    assert daemon.proc.poll() is None and admin.execute_command("PFXCHECK") == b"OK"
