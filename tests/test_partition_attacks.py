@@ -144,6 +144,10 @@ def test_no_descriptor_travels_without_its_reply_under_client_reply_off_or_skip(
     data, nfds = _raw(path, auth, [b"CLIENT", b"REPLY", b"OFF"], [b"PFXATTACH"], [b"CLIENT", b"REPLY", b"ON"],
                       [b"PING"], replies=3)
     assert data == b"+OK\r\n+OK\r\n+PONG\r\n" and nfds == 0
+    # In a transaction a later CLIENT REPLY OFF would mute EXEC's reply after PFXATTACH ran: refused there.
+    data, nfds = _raw(path, auth, [b"MULTI"], [b"PFXATTACH"], [b"CLIENT", b"REPLY", b"OFF"], [b"EXEC"],
+                      [b"CLIENT", b"REPLY", b"ON"], [b"PING"], replies=5)
+    assert data.startswith(b"+OK\r\n+OK\r\n-ERR Command not allowed inside a transaction") and nfds == 0
     data, nfds = _raw(path, auth, [b"PFXATTACH"], [b"PING"], replies=20)  # unmuted: all three
     assert nfds == 3 and data.endswith(b"+PONG\r\n")
     assert admin.execute_command("PFXCHECK") == b"OK"
