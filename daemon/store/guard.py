@@ -186,16 +186,18 @@ class _MiniIndex:
     def __init__(self, factory) -> None:
         self.all = factory()
         self._evicted = getattr(self.all, "evicted", None)
+        self._push = self.all.push  # bound once: every miniature touch calls these twice per node
+        self._drop = self.all.drop
 
     def add(self, node, uncovered: bool = False) -> None:
         node.version += 1
         node.evictable = True
-        self.all.push(node, uncovered)
+        self._push(node, uncovered)
 
     def remove(self, node) -> None:
         node.version += 1
         node.evictable = False
-        self.all.drop()
+        self._drop()
 
     def evicted(self, node, whole: bool) -> None:
         if self._evicted is not None:
@@ -227,12 +229,15 @@ class MiniCache:
 
     def access(self, scope: bytes, ids: bytes) -> int:
         """A lookup of ``ids`` and the store of what it missed; returns the pages it hit."""
-        n = min(len(ids) // 4, self.capacity)
-        tree = self._tree(scope)
+        n = len(ids) // 4
+        if n > self.capacity:
+            n = self.capacity
+        tree = self.trees.get(scope) or self._tree(scope)
         node, pages = tree.locate(ids, n)
         if pages:
-            self.totals.ticks += 1
-            tree.touch(node, float(self.totals.ticks), hit=True)
+            totals = self.totals
+            totals.ticks += 1
+            tree.touch(node, float(totals.ticks), hit=True)
         if pages < n:
             self._store(tree, node, ids, pages, n)
         return pages
@@ -367,6 +372,8 @@ class GuardPolicy(_Orders):
         self.rate = min(MAX_RATE, SAMPLE_PAGES / capacity)
         mini = max(round(capacity * self.rate), 1)
         self.minis = {name: MiniCache(factory, mini) for name, factory in EXPERTS.items()}
+        self._minis = tuple(self.minis.items())  # looked_up's loop, without a dict view per lookup
+        self._mini_pages = self.minis["lru"].capacity
         self._sampler = PageSampler(page_bytes, self.rate) if page_bytes else None
         self.driving = START
         self.hits = {name: 0.0 for name in (*EXPERTS, "real")}  # sampled pages hit, halving every HALFLIFE
@@ -377,6 +384,9 @@ class GuardPolicy(_Orders):
         self._veto_left = 0
         self._veto_length = VETO_DECISIONS
         self._last: tuple[bytes, bytes] | None = None  # the latest lookup's pages: their store is simulated
+        # ... and their sample (ids, depths): a function of (scope, pages) alone, so a hot prompt
+        # looked up again reuses it instead of hashing and selecting its pages again
+        self._last_sample: tuple[bytes, np.ndarray] | None = None
 
     @classmethod
     def for_store(cls, capacity: int, page_bytes: int) -> GuardPolicy:
@@ -400,18 +410,24 @@ class GuardPolicy(_Orders):
 
         ``node``: the radix node where the match ends (its path's hashes are cached on it).
         """
-        if self._sampler is None or not npages:
+        sampler = self._sampler
+        if sampler is None or not npages:
             return
-        ids, depths = self._sampler.sample_lookup(scope, tokens, npages, node, matched)
-        self._last = (scope, tokens[: npages * self._sampler.page_bytes])
+        pages = tokens[: npages * sampler.page_bytes]
+        last = self._last
+        if last is not None and last[1] == pages and last[0] == scope:
+            ids, depths = self._last_sample  # the same prompt again: the same sample
+        else:
+            ids, depths = self._last_sample = sampler.sample_lookup(scope, tokens, npages, node, matched)
+            self._last = (scope, pages)
         if not len(depths):
             return
         hits = self.hits
         # the sampled pages the real cache hit (every page is sampled at rate 1)
-        hits["real"] += min(matched, npages) if self._sampler.rate >= 1.0 else int(np.searchsorted(depths, matched))
-        for name, mini in self.minis.items():
+        hits["real"] += min(matched, npages) if sampler._all else int(np.searchsorted(depths, matched))
+        for name, mini in self._minis:
             hits[name] += mini.access(scope, ids)
-        self.sampled += min(len(depths), self.minis["lru"].capacity)
+        self.sampled += min(len(depths), self._mini_pages)
         self.lookups += 1
         if self.lookups % DECIDE_EVERY == 0:
             self._decide()

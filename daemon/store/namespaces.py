@@ -42,7 +42,12 @@ class Namespace:
     @property
     def holds_anything(self) -> bool:
         """Whether the namespace holds a page or a lease (what makes it a key)."""
-        return bool(self.leases) or any(tree.pages for tree in self.trees.values())
+        if self.leases:
+            return True
+        for tree in self.trees.values():  # a loop, not any(<generator>): it runs on every insert
+            if tree.pages:
+                return True
+        return False
 
     def absorb(self, other: Namespace) -> None:
         """Add ``other``'s counters to these (a retired namespace's totals live on here)."""
