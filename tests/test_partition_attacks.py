@@ -158,7 +158,8 @@ def test_the_partitions_one_reply_can_carry_are_a_startup_limit():
 
     too_many = [arg for i in range(128) for arg in ("--arena-partition", f"t{i}:* 1")]
     with pytest.raises(Exception, match="at most 127 arena-partition"):
-        start_daemon("--block-bytes", "4096", "--maxmemory", str(256 * 4096), *too_many)
+        started = start_daemon("--block-bytes", "4096", "--maxmemory", str(256 * 4096), *too_many)
+        started.stop()  # it should not have started (every operator's PFXATTACH would be refused)
 
 
 def _switch_user_and_commit_across(path: str) -> dict:
@@ -230,10 +231,13 @@ def test_a_narrowed_user_keeps_what_it_mapped_but_its_next_attach_gets_nothing(t
 
     thread = threading.Thread(target=revoke)
     thread.start()
-    out = as_nobody(_attach_then_wait_for_revocation, path, go_read, done_write)
-    thread.join()
-    for fd in (go_read, go_write, done_read, done_write):
-        os.close(fd)
+    try:
+        out = as_nobody(_attach_then_wait_for_revocation, path, go_read, done_write)
+    finally:
+        os.close(done_write)  # a child that died early: the thread reads EOF, never waits forever
+        thread.join()
+        for fd in (go_read, go_write, done_read):
+            os.close(fd)
     assert out == {"kept": "KEPT", "again": 0}
 
 
