@@ -38,7 +38,9 @@ more than the miniatures show; at the shared trace's start, a veto on a
 lead of 43 pages in 1,357 gave LRU 64 decisions: 1.43x LRU at 3,000 pages
 where tempo alone has 1.92x),
 LRU takes over and the others sit out VETO_DECISIONS decisions, twice as
-long each further time. The constants were chosen on the tuning half of the
+long each further time (at trace 3 % the one veto, on a burst that tempo
+lost, kept LRU driving 64 decisions while tempo's miniature led by half:
+1.23x LRU; with 16, 1.29x). The constants were chosen on the tuning half of the
 suite (pfxcache.tools.workloads.TUNING) and the fooling workload's test.
 
 Costs: per lookup and store, one vectorised hash of the prompt (numpy,
@@ -72,7 +74,7 @@ BACK_MARGIN = 0.01  # ... and LRU once it hits 1 % more than reuse's (between th
 SWITCH_Z = 1.0  # ... and by this many standard deviations of the difference (hits as counts): no switch on noise
 VETO_MARGIN = 0.01  # the real cache more than 1 % below the LRU miniature: LRU takes over ...
 VETO_Z = 2.0  # ... and by this many standard deviations (a veto on noise handed a winning expert's arena to LRU)
-VETO_DECISIONS = 64  # ... for 64 decisions, twice as long each further time
+VETO_DECISIONS = 16  # ... for 16 decisions, twice as long each further time (64 kept trace 3 % on LRU while tempo led)
 
 _MASK32 = np.uint64(0xFFFFFFFF)
 _DEPTH_CHUNK = 4096  # depth multipliers are made in chunks, each from its own seed (deterministic)
