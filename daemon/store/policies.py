@@ -151,27 +151,22 @@ def _bucket(freq: int) -> int:
     return min(freq.bit_length(), HYBRID_BUCKETS - 1)
 
 
-class HybridPolicy:
-    """Evict the highest age / (freq + 1) (the seed article's score).
+class BucketedHeaps:
+    """Heaps of ``(key, seq, ..., version, node)`` entries, one per bucket, for scores no single heap can hold.
 
-    The order between two nodes changes as time passes, so no single heap can
-    hold it. Nodes are bucketed by log2 of their frequency; inside a bucket
-    frequencies differ by less than 2x, so the oldest node is (within that
-    factor) the best there. A victim is the bucket head with the highest
-    score, computed with the head's own frequency.
+    A subclass files entries with :meth:`_file` and scores the live bucket heads that :meth:`_heads`
+    gives; stale entries (their node's version moved on) are dropped on the way and compacted away
+    once they outnumber the live ones.
     """
 
-    name = "hybrid"
-    scope_shares_order = True
-
-    def __init__(self) -> None:
-        self._buckets: list[list[tuple]] = [[] for _ in range(HYBRID_BUCKETS)]
+    def __init__(self, nbuckets: int) -> None:
+        self._buckets: list[list[tuple]] = [[] for _ in range(nbuckets)]
         self._seq = itertools.count()
         self.live = 0
         self._entries = 0
 
-    def push(self, node, uncovered: bool = False) -> None:
-        heapq.heappush(self._buckets[_bucket(node.freq)], (node.last_access, next(self._seq), node.version, node))
+    def _file(self, bucket: int, entry: tuple) -> None:
+        heapq.heappush(self._buckets[bucket], entry)
         self.live += 1
         self._entries += 1
 
@@ -188,19 +183,16 @@ class HybridPolicy:
             self._buckets[i] = kept
             self._entries += len(kept)
 
-    def peek(self, now: float):
-        best = None
-        best_score = -1.0
+    def _heads(self) -> list[tuple]:
+        """The live head entry of each non-empty bucket, in bucket order."""
+        heads = []
         for heap in self._buckets:
             while heap and heap[0][-2] != heap[0][-1].version:
                 heapq.heappop(heap)
                 self._entries -= 1
             if heap:
-                last_access, _, _, node = heap[0]
-                score = (now - last_access) / (node.freq + 1)
-                if score > best_score:  # strict: on ties the lower-frequency bucket goes first
-                    best, best_score = node, score
-        return best
+                heads.append(heap[0])
+        return heads
 
     def nodes(self) -> list:
         return [e[-1] for heap in self._buckets for e in heap if e[-2] == e[-1].version]
@@ -208,6 +200,35 @@ class HybridPolicy:
     def pushed(self) -> list:
         entries = sorted((e for heap in self._buckets for e in heap), key=lambda e: e[1])
         return [e[-1] for e in entries if e[-2] == e[-1].version]
+
+
+class HybridPolicy(BucketedHeaps):
+    """Evict the highest age / (freq + 1) (the seed article's score).
+
+    The order between two nodes changes as time passes, so no single heap can
+    hold it. Nodes are bucketed by log2 of their frequency; inside a bucket
+    frequencies differ by less than 2x, so the oldest node is (within that
+    factor) the best there. A victim is the bucket head with the highest
+    score, computed with the head's own frequency.
+    """
+
+    name = "hybrid"
+    scope_shares_order = True
+
+    def __init__(self) -> None:
+        super().__init__(HYBRID_BUCKETS)
+
+    def push(self, node, uncovered: bool = False) -> None:
+        self._file(_bucket(node.freq), (node.last_access, next(self._seq), node.version, node))
+
+    def peek(self, now: float):
+        best = None
+        best_score = -1.0
+        for last_access, _, _, node in self._heads():
+            score = (now - last_access) / (node.freq + 1)
+            if score > best_score:  # strict: on ties the lower-frequency bucket goes first
+                best, best_score = node, score
+        return best
 
 
 GHOST_MIN = 4096  # ghost entries kept at least (first-page hashes of evicted leaves)

@@ -46,13 +46,11 @@ instance set.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 import zlib
 from collections import OrderedDict
 
-from .policies import _COMPACT_SLACK, GHOST_MAX, GHOST_MIN, GHOST_PER_LEAF
+from .policies import GHOST_MAX, GHOST_MIN, GHOST_PER_LEAF, BucketedHeaps
 
 PACE_BUCKETS = 48  # half-octave buckets of a pace in ticks: up to 2**24 ticks
 OVERDUE = 2.0  # how fast an overdue leaf's score grows with age / pace
@@ -104,7 +102,7 @@ class PaceModel:
         return math.exp(self.log_gap) / max(share, MIN_SHARE)
 
 
-class TempoPolicy:
+class TempoPolicy(BucketedHeaps):
     """Evict the largest pace x max(1, age / pace) ** OVERDUE; see the module docstring."""
 
     name = "tempo"
@@ -113,10 +111,7 @@ class TempoPolicy:
     def __init__(self, model: PaceModel | None = None, scoped: bool = False) -> None:
         self.model = model if model is not None else PaceModel()
         self.scoped = scoped
-        self._buckets: list[list[tuple]] = [[] for _ in range(PACE_BUCKETS)]
-        self._seq = itertools.count()
-        self.live = 0
-        self._entries = 0
+        super().__init__(PACE_BUCKETS)
         # the end of an evicted leaf (last page, depth, namespace) -> (its last access tick, pace, gaps, ended one)
         self._ghost: OrderedDict[int, tuple[int, float, int, bool]] = OrderedDict()
 
@@ -202,9 +197,7 @@ class TempoPolicy:
                 self.model.now = tick
             pace, gaps, end = self._pace(node, uncovered)
             node.tempo = (pace, node.freq, gaps, tick, end)
-        heapq.heappush(self._buckets[_bucket(pace)], (tick, next(self._seq), pace, node.version, node))
-        self.live += 1
-        self._entries += 1
+        self._file(_bucket(pace), (tick, next(self._seq), pace, node.version, node))
 
     def evicted(self, node, whole: bool) -> None:
         """A ``whole`` evicted leaf goes into the ghost with its last access and pace."""
@@ -221,36 +214,14 @@ class TempoPolicy:
         while len(ghost) > limit:
             ghost.popitem(last=False)
 
-    def drop(self) -> None:
-        self.live -= 1
-        if self._entries > 2 * self.live + _COMPACT_SLACK:
-            self._entries = 0
-            for i, heap in enumerate(self._buckets):
-                kept = [e for e in heap if e[-2] == e[-1].version]
-                heapq.heapify(kept)
-                self._buckets[i] = kept
-                self._entries += len(kept)
-
     def peek(self, now: float):
         """The next victim (ages in the model's ticks, not ``now``: the same in process and in the daemon)."""
         now = self.model.now
         best = None
         best_score = -1.0
-        for heap in self._buckets:
-            while heap and heap[0][-2] != heap[0][-1].version:
-                heapq.heappop(heap)
-                self._entries -= 1
-            if heap:
-                tick, _, pace, _, node = heap[0]
-                late = (now - tick) / pace
-                score = pace * late**OVERDUE if late > 1.0 else pace
-                if score > best_score:  # strict: on ties the faster bucket goes first
-                    best, best_score = node, score
+        for tick, _, pace, _, node in self._heads():
+            late = (now - tick) / pace
+            score = pace * late**OVERDUE if late > 1.0 else pace
+            if score > best_score:  # strict: on ties the faster bucket goes first
+                best, best_score = node, score
         return best
-
-    def nodes(self) -> list:
-        return [e[-1] for heap in self._buckets for e in heap if e[-2] == e[-1].version]
-
-    def pushed(self) -> list:
-        entries = sorted((e for heap in self._buckets for e in heap), key=lambda e: e[1])
-        return [e[-1] for e in entries if e[-2] == e[-1].version]
