@@ -28,7 +28,7 @@ from pfxcache.protocol.replies import ReplyBuffer, encode_into
 from pfxcache.protocol.requests import NEED_DATA, ProtocolError, RequestParser
 
 from .clients import Client
-from .commands.context import NO_REPLY, Context
+from .commands.context import NO_REPLY, Context, Muted
 from .dispatch import Pending, execute, execute_pending
 from .fd_passing import discard_fds, send_with_fds
 
@@ -317,7 +317,7 @@ def _run_buffered_requests(ctx: Context, parser: RequestParser,
         if reply.__class__ is Pending:
             return reply
         # _emit, inlined: this loop runs once per request.
-        if client.mute:
+        if client.mute or reply.__class__ is Muted:
             _emit(ctx, parser, out, reply)
             continue
         if reply is not NO_REPLY:
@@ -328,7 +328,9 @@ def _run_buffered_requests(ctx: Context, parser: RequestParser,
 
 def _emit(ctx: Context, parser: RequestParser, out: ReplyBuffer, reply: Any) -> None:
     client = ctx.client
-    if client.mute:  # CLIENT REPLY OFF / SKIP
+    if reply.__class__ is Muted:  # EXEC: its parts were muted or not as they ran
+        encode_into(out, reply.reply, client.resp)
+    elif client.mute:  # CLIENT REPLY OFF / SKIP
         if client.mute > 0:
             client.mute -= 1
     elif reply is not NO_REPLY:

@@ -105,6 +105,18 @@ class Replies:
 
 
 @dataclass(frozen=True, slots=True)
+class ArrayHeader:
+    """An array's header alone (``*count``), its elements sent as the replies after it.
+
+    EXEC under CLIENT REPLY: Redis writes the header, then each element as its
+    command runs, muted or not at that moment, so the count can exceed the
+    elements that follow.
+    """
+
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class Set:
     """A RESP3 set with a fixed order (Python sets have none)."""
 
@@ -349,6 +361,10 @@ def _encode_push(buf: ReplyBuffer, value: Push, resp: int) -> None:
         encode_into(buf, item, resp)
 
 
+def _encode_array_header(buf: ReplyBuffer, value: ArrayHeader, resp: int) -> None:
+    buf.write(b"*%d\r\n" % value.count)
+
+
 def _encode_replies(buf: ReplyBuffer, value: Replies, resp: int) -> None:
     for item in value.items:
         encode_into(buf, item, resp)
@@ -379,6 +395,7 @@ _ENCODERS: dict[type, Any] = {
     Verbatim: _encode_verbatim,
     Push: _encode_push,
     Replies: _encode_replies,
+    ArrayHeader: _encode_array_header,
 }
 
 

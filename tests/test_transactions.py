@@ -125,6 +125,59 @@ def test_sequences_answer_as_redis_server(pfx, redis_server, resp, sequence) -> 
         theirs.close()
 
 
+MUTED_SEQUENCES = [
+    # CLIENT REPLY inside and around MULTI: Redis writes EXEC's header, then each reply as it runs,
+    # dropped while muted at that moment (the count stays), and a SKIP inside mutes the command after EXEC
+    [("MULTI",), ("PING",), ("CLIENT", "REPLY", "OFF"), ("PING",), ("EXEC",), ("PING",)],
+    [("MULTI",), ("PING",), ("CLIENT", "REPLY", "SKIP"), ("ECHO", "a"), ("EXEC",), ("ECHO", "b"), ("ECHO", "c")],
+    [("CLIENT", "REPLY", "OFF"), ("MULTI",), ("PING",), ("CLIENT", "REPLY", "ON"), ("ECHO", "x"), ("EXEC",)],
+    [("MULTI",), ("ECHO", "a"), ("EXEC",), ("CLIENT", "REPLY", "SKIP"), ("MULTI",), ("ECHO", "b"), ("EXEC",)],
+    [("MULTI",), ("CLIENT", "REPLY", "OFF"), ("CLIENT", "REPLY", "ON"), ("ECHO", "a"), ("EXEC",), ("ECHO", "b")],
+    [("MULTI",), ("ECHO", "a"), ("CLIENT", "REPLY", "SKIP"), ("EXEC",), ("ECHO", "b"), ("ECHO", "c")],
+    [("MULTI",), ("CLIENT", "REPLY", "SKIP"), ("CLIENT", "REPLY", "SKIP"), ("ECHO", "a"), ("EXEC",), ("ECHO", "b")],
+    [("MULTI",), ("CLIENT", "REPLY", "OFF"), ("CLIENT", "REPLY", "SKIP"), ("ECHO", "a"), ("EXEC",), ("ECHO", "b")],
+    [("MULTI",), ("CLIENT", "REPLY", "SKIP"), ("CLIENT", "REPLY", "ON"), ("ECHO", "a"), ("EXEC",), ("ECHO", "b")],
+    [("MULTI",), ("CLIENT", "REPLY", "BAD"), ("ECHO", "a"), ("EXEC",)],
+    [("CLIENT", "REPLY", "SKIP"), ("EXEC",), ("MULTI",), ("CLIENT", "REPLY", "OFF"), ("EXEC",), ("ECHO", "z")],
+]
+END = ("ECHO", "end of sequence")
+
+
+def muted_stream(port: int, resp: int, sequence: list) -> bytes:
+    """Every byte the server sends for ``sequence``, then CLIENT REPLY ON and END (muted replies leave no frame)."""
+    side = Raw(port, resp)
+    try:
+        assert side.call("FLUSHALL") == b"+OK\r\n"
+        for command in (*sequence, ("CLIENT", "REPLY", "ON"), END):
+            side.send(*command)
+        tail = b"$15\r\nend of sequence\r\n"
+        stream = side.buffer
+        while not stream.endswith(tail):
+            chunk = side.sock.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("closed")
+            stream += chunk
+        return stream
+    finally:
+        side.close()
+
+
+@pytest.mark.parametrize("resp", [2, 3])
+@pytest.mark.parametrize("sequence", MUTED_SEQUENCES, ids=lambda seq: " ".join(c[-1] for c in seq))
+def test_exec_under_client_reply_streams_as_redis_server(pfx, redis_server, resp, sequence) -> None:
+    mine, ref = muted_stream(pfx.port, resp, sequence), muted_stream(redis_server.port, resp, sequence)
+    assert mine == ref
+
+
+def test_exec_of_async_commands_under_client_reply_skip(pfx) -> None:
+    """The async path (PFX* commands run alone) mutes as the synchronous one: SKIP mutes the command after EXEC."""
+    alone = muted_stream(pfx.port, 2, [("PFXSET", "skip-alone", *PROMPT, "DATA", "x" * 8)])
+    stored = alone[: -len(b"+OK\r\n$15\r\nend of sequence\r\n")]
+    stream = muted_stream(pfx.port, 2, [("MULTI",), ("PFXSET", "skip-queued", *PROMPT, "DATA", "x" * 8),
+                                        ("CLIENT", "REPLY", "SKIP"), ("EXEC",), ("ECHO", "muted"), ("ECHO", "c")])
+    assert stream == b"+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n" + stored + b"$1\r\nc\r\n+OK\r\n$15\r\nend of sequence\r\n"
+
+
 def test_watch_touched_by_another_client_aborts_as_in_redis(pfx, redis_server) -> None:
     """The same dance on both servers: WATCH, another client writes the key, EXEC answers null."""
     for resp in (2, 3):

@@ -12,7 +12,7 @@ server with no import cycle.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # types only: nothing here is needed at import time
     from ..acl import AclUsers
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # types only: nothing here is needed at import time
     from ..transactions import WatchRegistry
     from .table import CommandTable
 
-__all__ = ["LATER", "NO_REPLY", "Context", "Later", "NoReply", "ServerState"]
+__all__ = ["LATER", "NO_REPLY", "Context", "Later", "Muted", "NoReply", "ServerState"]
 
 
 class NoReply:
@@ -38,6 +38,15 @@ class NoReply:
 
 
 NO_REPLY = NoReply()
+
+
+class Muted:
+    """A reply its command already filtered through CLIENT REPLY (EXEC): sent as it is, whatever the mute now."""
+
+    __slots__ = ("reply",)
+
+    def __init__(self, reply: Any) -> None:
+        self.reply = reply
 
 
 class Later:

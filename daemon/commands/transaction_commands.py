@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pfxcache.protocol.replies import NULL_ARRAY, OK, Error
+from pfxcache.protocol.replies import NULL_ARRAY, OK, ArrayHeader, Error, Replies
 
 from ..acl import NOPERM_KEY
 from ..dispatch import call, call_async
 from ..transactions import EXECABORT, MultiState
 from . import handles
-from .context import Context
+from ..clients import MUTE_OFF
+from .context import NO_REPLY, Context, Muted
 
 NESTED = Error("ERR MULTI calls can not be nested")
 EXEC_WITHOUT_MULTI = Error("ERR EXEC without MULTI")
@@ -78,11 +79,16 @@ async def exec_(ctx: Context, argv: list[bytes]) -> Any:
     if queued.failed:
         watches.unwatch(client.id)
         return Error(EXECABORT)
+    muting = _Muting.of(client, queued.commands)
     if not queued.any_async:
         # Synchronous handlers never yield: the queue runs with no other client in between.
         if _touched(ctx):
             return NULL_ARRAY
-        return [_run_sync(ctx, spec, args) for spec, args in queued.commands]
+        if muting is None:
+            return [_run_sync(ctx, spec, args) for spec, args in queued.commands]
+        for spec, args in queued.commands:
+            muting.ran(spec, args, _run_sync(ctx, spec, args))
+        return muting.reply(client)
     async with server.gate.alone(client.id):
         # Checked once alone: a command under way when EXEC came may have touched a watched namespace.
         if _touched(ctx):
@@ -90,10 +96,57 @@ async def exec_(ctx: Context, argv: list[bytes]) -> Any:
         replies = []
         for spec, args in queued.commands:
             if spec.is_async and _allowed(ctx, spec, args) is None:
-                replies.append(await call_async(ctx, spec, args))
+                reply = await call_async(ctx, spec, args)
             else:
-                replies.append(_run_sync(ctx, spec, args))
-        return replies
+                reply = _run_sync(ctx, spec, args)
+            if muting is None:
+                replies.append(reply)
+            else:
+                muting.ran(spec, args, reply)
+        return replies if muting is None else muting.reply(client)
+
+
+class _Muting:
+    """EXEC under CLIENT REPLY OFF / SKIP, byte for byte as redis-server 7.0.15 answers it.
+
+    Redis writes EXEC's array header, then each command's reply as it runs,
+    each dropped while the client is muted at that moment: a CLIENT REPLY OFF
+    in the queue silences the rest (the count stays: the stream does not add
+    up, as in Redis), a CLIENT REPLY ON in it speaks again, and a CLIENT REPLY
+    SKIP in it mutes the command after EXEC, not the next one inside.
+    """
+
+    __slots__ = ("off", "skip", "skip_next", "parts")
+
+    def __init__(self, client: Any, count: int) -> None:
+        self.off = client.mute == MUTE_OFF
+        self.skip = client.mute > 0  # a CLIENT REPLY SKIP just before EXEC
+        self.skip_next = False
+        self.parts: list = [] if self.off or self.skip else [ArrayHeader(count)]
+
+    @classmethod
+    def of(cls, client: Any, commands: list) -> _Muting | None:
+        """The muting of this EXEC, or None where no reply of it is muted (a plain array)."""
+        if client.mute or any(spec.fullname == "client|reply" for spec, _ in commands):
+            return cls(client, len(commands))
+        return None
+
+    def ran(self, spec: Any, argv: list[bytes], reply: Any) -> None:
+        if spec.fullname == "client|reply" and reply.__class__ is not Error:
+            mode = argv[2].lower()
+            if mode == b"on":
+                self.off = self.skip = False
+            elif mode == b"off":
+                self.off = True
+            elif not self.off:
+                self.skip_next = True
+        if reply is not NO_REPLY and not (self.off or self.skip):
+            self.parts.append(reply)
+
+    def reply(self, client: Any) -> Muted:
+        """The reply as filtered; the client's mute as after EXEC (a SKIP in the queue mutes the next command)."""
+        client.mute = MUTE_OFF if self.off else 1 if self.skip_next else 0
+        return Muted(Replies(self.parts))
 
 
 def _touched(ctx: Context) -> bool:
