@@ -90,6 +90,29 @@ def exchange(path: str, username: str | None, password: str | None, timeout: flo
         raise
 
 
+def unix_target(url: str) -> tuple[str, str | None, str | None] | None:
+    """(socket path, username, password) of a ``unix://`` redis URL, or None for any other URL."""
+    if not url.startswith("unix://"):
+        return None
+    from redis.connection import parse_url  # redis-py's own parsing: the URL means what it means to the client
+
+    parts = parse_url(url)
+    return parts["path"], parts.get("username"), parts.get("password")
+
+
+def layout_of(url: str) -> list[tuple[int, int, bool, bytes]]:
+    """What PFXATTACH over ``url``'s unix socket would map, without mapping it: (first block, end block,
+    writable, pattern) per partition. AttachError on any refusal (or for a URL that is not unix://)."""
+    target = unix_target(url)
+    if target is None:
+        raise AttachError(f"PFXATTACH needs the daemon's unix socket: {url.split('@')[-1]} is not a unix:// URL")
+    layout, fds = exchange(*target)
+    for fd in fds:
+        os.close(fd)
+    return [(int(p["first-block"]), int(p["first-block"]) + int(p["nblocks"]), p["access"] == b"rw", p["pattern"])
+            for p in map(_pairs, layout["partitions"])]
+
+
 class PartitionedArenaView(ShmArenaView):
     """The partitions PFXATTACH sent, mapped where their blocks are (see the module docstring)."""
 
@@ -134,6 +157,14 @@ class PartitionedArenaView(ShmArenaView):
             for fd in fds:
                 os.close(fd)  # the mappings keep the memory
         self.array = np.frombuffer(self._mmap, dtype=np.uint8).reshape(self.nblocks, self.block_bytes)
+
+    @classmethod
+    def attach_url(cls, url: str) -> PartitionedArenaView:
+        """:meth:`attach` through a ``unix://[user:password@]/path`` redis URL."""
+        target = unix_target(url)
+        if target is None:
+            raise AttachError(f"PFXATTACH needs the daemon's unix socket: {url.split('@')[-1]} is not a unix:// URL")
+        return cls.attach(*target)
 
     @classmethod
     def attach(cls, path: str, username: str | None = None, password: str | None = None) -> PartitionedArenaView:

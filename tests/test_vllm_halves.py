@@ -11,6 +11,8 @@ half reads. The end-to-end tests with real engines are in test_vllm*.py.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 import types
 
@@ -20,6 +22,7 @@ import redis
 torch = pytest.importorskip("torch")
 
 from pfxcache.client import PrefixCache
+from pfxcache.client.partitioned import PartitionedArenaView
 from pfxcache.client.vllm import geometry_from_config, request_namespace
 from pfxcache.client.vllm.layout import PageGeometry, base_namespace
 from pfxcache.client.vllm.plan import LoadJob, StepPlan, StoreJob
@@ -413,3 +416,65 @@ def test_acl_users_come_in_the_url(fresh_daemon):
     denied = Engine(acl, url=f"redis://tenant:s3cret@{acl.host}:{acl.port}/0")   # test:model: not its keys
     assert denied.run(request("r1", PROMPT), [0, 1, 2, 3]) == (0, set())
     assert denied.scheduler.stats["errors"] >= 1 and "stored_pages" not in denied.scheduler.stats
+
+
+@pytest.fixture
+def partitioned(fresh_daemon):
+    """A daemon with an arena partition for a:* on a unix socket; users ta (a:*) and taz (a:* and z:*)."""
+    sock_dir = tempfile.mkdtemp(prefix="pfx-vllm-")
+    path = os.path.join(sock_dir, "pfx.sock")
+    daemon = fresh_daemon("--page-size", str(GEOMETRY.page_size), "--block-bytes", str(GEOMETRY.block_bytes),
+                          "--maxmemory", str(GEOMETRY.block_bytes * NBLOCKS), "--arena-partition", "a:* 12",
+                          "--unixsocket", path)
+    admin = redis.Redis(host=daemon.host, port=daemon.port)
+    for user, patterns in (("ta", ("~a:*",)), ("taz", ("~a:*", "~z:*"))):
+        admin.execute_command("ACL", "SETUSER", user, "on", ">pw", *patterns, "+@pfx", "+hello", "+ping")
+    yield daemon, path, admin
+    shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def calls(admin, command: str) -> int:
+    return admin.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)
+
+
+def test_a_tenant_moves_pages_through_its_partition_over_the_unix_socket(partitioned):
+    daemon, path, admin = partitioned
+    a = Engine(daemon, url=f"unix://ta:pw@{path}", namespace="a:model")
+    loaded, _ = a.run(request("r1", PROMPT), [3, 6, 4, 8])
+    assert loaded == 0 and a.scheduler.stats["stored_pages"] == 3
+    assert isinstance(a.worker._arena_view, PartitionedArenaView)   # mapped through PFXATTACH, no file
+    assert calls(admin, "pfxalloc") == 1 and a.scheduler.stats["store_bytes"] == 3 * GEOMETRY.block_bytes
+    a.scheduler.finished(request("r1", PROMPT))
+
+    b = Engine(daemon, url=f"unix://ta:pw@{path}", namespace="a:model")
+    loaded, failed = b.run(request("r1", PROMPT), [9, 2, 12, 11])
+    assert loaded == 3 * 32 and not failed
+    for mine, theirs in zip((3, 6, 4), (9, 2, 12)):
+        assert all(torch.equal(x, y) for x, y in zip(a.logical(mine), b.logical(theirs)))
+    b.scheduler.finished(request("r1", PROMPT))
+    assert leases(daemon) == 0 and pfxcheck(daemon) == b"OK"
+
+
+def test_namespaces_outside_the_partitions_move_over_resp_with_the_same_url(partitioned):
+    daemon, path, admin = partitioned
+    a = Engine(daemon, url=f"unix://taz:pw@{path}", namespace="z:model")   # z:* lies in no partition
+    a.run(request("r1", PROMPT), [3, 6, 4, 8])
+    assert a.scheduler.stats["stored_pages"] == 3 and calls(admin, "pfxalloc") == 0
+    a.scheduler.finished(request("r1", PROMPT))
+    b = Engine(daemon, url=f"unix://taz:pw@{path}", namespace="z:model")
+    loaded, failed = b.run(request("r1", PROMPT), [9, 2, 12, 11])
+    assert loaded == 3 * 32 and not failed
+    for mine, theirs in zip((3, 6, 4), (9, 2, 12)):
+        assert all(torch.equal(x, y) for x, y in zip(a.logical(mine), b.logical(theirs)))
+    b.scheduler.finished(request("r1", PROMPT))
+    assert leases(daemon) == 0 and pfxcheck(daemon) == b"OK"
+
+
+def test_over_tcp_a_partitioned_arena_moves_pages_over_resp(partitioned):
+    daemon, _, admin = partitioned
+    a = Engine(daemon, url=f"redis://ta:pw@{daemon.host}:{daemon.port}/0", namespace="a:model")
+    a.run(request("r1", PROMPT), [3, 6, 4, 8])
+    assert a.scheduler.stats["stored_pages"] == 3 and calls(admin, "pfxalloc") == 0
+    assert a.worker._arena_view is None
+    a.scheduler.finished(request("r1", PROMPT))
+    assert leases(daemon) == 0

@@ -43,7 +43,9 @@ from typing import Any
 
 import redis
 from pfxcache.client.core import is_local_host
-from pfxcache.client.errors import CacheFullError, PrefixCacheError
+from pfxcache.client.errors import AttachError, CacheFullError, PrefixCacheError
+from pfxcache.client.partitioned import layout_of
+from pfxcache.protocol.redis_strings import stringmatchlen
 
 from .layout import PageGeometry, request_namespace
 from .once import LogOnce
@@ -200,6 +202,8 @@ class SchedulerHalf:
         """The arena map the workers should copy through, or None for RESP."""
         if self.settings.transfer == "resp":
             return None
+        if arena.get("backend") == "shm" and not arena.get("path"):
+            return self._attachable(arena)
         if self.settings.transfer == "arena":
             return dict(arena)
         if not is_local_host(urllib.parse.urlsplit(self.settings.url).hostname):
@@ -215,6 +219,30 @@ class SchedulerHalf:
         if arena.get("backend") == "cuda":
             return dict(arena)    # the workers open the IPC handle (the engine core keeps off the GPU)
         return None
+
+    def _attachable(self, arena: dict) -> dict | None:
+        """A partitioned arena (or a tenant's view): the partitions this URL's user may map over the unix
+        socket (PFXATTACH), for the workers to attach to, or None for RESP (the reason logged once)."""
+        try:
+            ranges = layout_of(self.settings.url)
+        except AttachError as exc:
+            self._warn(f"attach:{exc}", "pfxcache: moving KV over RESP: %s", exc)
+            return None
+        if not ranges:
+            self._warn("attach:none", "pfxcache: moving KV over RESP: this user's key patterns cover no arena "
+                       "partition")
+            return None
+        return dict(arena, attach=True, partitions=[list(r) for r in ranges])
+
+    def _stores_in_arena(self, namespace: str) -> bool:
+        """Whether a store of ``namespace`` goes through the mapped arena: a partitioned one only where a
+        writable partition of this user's holds the namespace (else its pages move over RESP)."""
+        if self._arena is None:
+            return False
+        partitions = self._arena.get("partitions")
+        name = namespace.encode()
+        return partitions is None or any(writable and stringmatchlen(pattern, name)
+                                         for _, _, writable, pattern in partitions)
 
     def _lost(self, exc: BaseException) -> None:
         """The daemon is gone or hung: drop the connection (its leases end with it) and retry later."""
@@ -353,7 +381,7 @@ class SchedulerHalf:
             return None
         arena_blocks: list[int] = []
         valid_until = float("inf")
-        if self._arena is not None:
+        if self._stores_in_arena(state.namespace):
             sent = self._clock()
             allocation = self._call("PFXALLOC", lambda: cache.alloc(state.namespace, count,
                                                                       ttl_ms=self.settings.lease_ttl_ms))

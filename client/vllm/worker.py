@@ -20,6 +20,11 @@ both sides become one strided slice copy per layer and kind (K, V); on a
 GPU, ids in many short runs go through one gather/scatter per layer instead. With tensor parallelism each
 worker copies its own heads' share of every page.
 
+A partitioned arena (per-tenant ``arena-partition``s) has no file to open: over
+a ``unix://`` URL the worker maps this user's partitions through ``PFXATTACH``
+(descriptors over the socket, each partition at its block offset), and pages
+of namespaces outside them move over RESP, job by job.
+
 When the plan carries no arena (the daemon is on another host, or cannot be
 mapped) the same pages travel over RESP: ``PFXGET ... NOLEASE WITHDATA`` for a
 load, ``PFXSET ... OFFSET DATA`` for a store, on this worker's own connection.
@@ -39,6 +44,8 @@ from typing import Any
 import torch
 
 from ..arena import kv_buffer
+from ..errors import AttachError
+from ..partitioned import PartitionedArenaView
 from .layout import PageGeometry
 from .once import LogOnce
 from .plan import LoadJob, StepPlan, WorkerReport
@@ -210,9 +217,13 @@ class WorkerHalf:
 
     # -- the arena ---------------------------------------------------------------------------------
 
-    def _arena_pages(self, arena: dict) -> torch.Tensor | None:
-        """The arena of ``arena`` (PFXINFO's map) as page tensors, mapped on first sight; None if it cannot be."""
-        key = (arena.get("backend"), arena.get("path"), arena.get("handle"), arena.get("pid"), arena.get("size"))
+    def _arena_pages(self, arena: dict, url: str = "") -> torch.Tensor | None:
+        """The arena of ``arena`` (PFXINFO's map) as page tensors, mapped on first sight; None if it cannot be.
+
+        A partitioned arena (the scheduler marked it ``attach``) is mapped through PFXATTACH over ``url``'s
+        unix socket: only this user's partitions, each at its block offset; ``_maps`` says which blocks."""
+        key = (arena.get("backend"), arena.get("path"), arena.get("handle"), arena.get("pid"), arena.get("size"),
+               arena.get("id"), url if arena.get("attach") else None)
         if key == self._arena_key:
             return self._pages
         self._close_arena()
@@ -221,11 +232,18 @@ class WorkerHalf:
         try:
             if int(arena["block_bytes"]) != g.block_bytes:
                 raise ValueError(f"arena blocks are {arena['block_bytes']} bytes, pages {g.block_bytes}")
-            opener = self._open_arena
-            if opener is None:
-                from pfxcache.client.arena import open_arena as opener
-            view = opener(arena)
-            raw = view.torch_blocks(range(int(arena["nblocks"])))
+            if arena.get("attach"):
+                view = PartitionedArenaView.attach_url(url)
+                if view.arena_id != arena.get("id"):
+                    view.close()
+                    raise AttachError("the daemon's arena changed since the scheduler read it (a restart)")
+                raw = torch.from_numpy(view.array)  # the whole range: blocks outside the partitions never used
+            else:
+                opener = self._open_arena
+                if opener is None:
+                    from pfxcache.client.arena import open_arena as opener
+                view = opener(arena)
+                raw = view.torch_blocks(range(int(arena["nblocks"])))
             self._arena_view = view
             self._pages = raw.view(self._dtype).view(int(arena["nblocks"]), *g.shape)
             self._arena_error = None
@@ -235,6 +253,12 @@ class WorkerHalf:
                        self._arena_error)
             self._pages = None
         return self._pages
+
+    def _maps(self, ids: list[int], write: bool = False) -> bool:
+        """Whether the mapped arena holds every block of ``ids`` (writable, with ``write``): a partitioned
+        view maps only this user's partitions, and the rest of its range must never be read or written."""
+        maps = getattr(self._arena_view, "maps", None)
+        return maps is None or maps(ids, write)
 
     def _close_arena(self) -> None:
         self._pages = None
@@ -398,9 +422,10 @@ class WorkerHalf:
 
     def load(self, plan: StepPlan) -> None:
         """Copy every load job of the plan into vLLM's blocks (before the forward pass)."""
-        pages = self._arena_pages(plan.arena) if plan.arena is not None else None
+        arena = self._arena_pages(plan.arena, plan.url) if plan.arena is not None else None
         for job in plan.loads:
             started = time.perf_counter()
+            pages = arena if arena is not None and self._maps(job.arena_blocks) else None
             try:
                 if pages is not None:
                     moved = self._to_vllm(pages, job.arena_blocks, job.vllm_blocks)
@@ -437,7 +462,7 @@ class WorkerHalf:
 
     def store(self, plan: StepPlan) -> None:
         """Copy every store job's pages out of vLLM's blocks (after the forward pass computed them)."""
-        pages = self._arena_pages(plan.arena) if plan.arena is not None else None
+        pages = self._arena_pages(plan.arena, plan.url) if plan.arena is not None else None
         for job in plan.stores:
             if job.req_id in self._report.failed_loads:
                 # This step computed on top of pages that did not load: nothing it computed is right.
@@ -448,6 +473,8 @@ class WorkerHalf:
                 if job.arena_blocks:
                     if pages is None:
                         raise RuntimeError(f"the arena is not mapped here ({self._arena_error})")
+                    if not self._maps(job.arena_blocks, write=True):
+                        raise RuntimeError("the allocated blocks lie outside the writable partitions mapped here")
                     if time.monotonic() > job.valid_until:
                         raise TimeoutError("the allocation's lease may have ended; writing could hit reused blocks")
                     moved = self._from_vllm(job.vllm_blocks, pages, job.arena_blocks)
