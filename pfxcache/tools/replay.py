@@ -50,8 +50,27 @@ Trace formats (--format):
             one namespace unless --namespace-per-file (hash ids are per file,
             e.g. per conversation: each file becomes its own namespace).
   tokens    {"tokens": [ids...], "namespace": "optional"} per line.
-  Several files are merged by "timestamp" when every line has one, else
-  concatenated in the order given.
+  kvtester  kv-cache-tester's native traces as they come (its traces/*.json:
+            one JSON object per conversation, {"block_size", "requests":
+            [{"t", "type", "in", "hash_ids", "think_time"?}, ...]}); give the
+            files or their directory. block_size is the files' (all must
+            agree, and with --block-tokens if given); hash id h becomes tokens
+            as in mooncake, an "in" past the hash ids is tokens unique to the
+            request. Each file's ids (and a sub-agent's, unless hash_id_scope
+            is "global") are their own: moved past every other file's, in one
+            namespace unless --namespace-per-file. The conversations are
+            merged as the tester plays them with an instant server
+            (pfxcache/tools/trace_formats.py says how and why):
+            --kvtester-users (50) at a time, the next file starting when one
+            ends; within one, each request after the previous one's
+            think_time (--kvtester-timing original: its t gap), capped at
+            --kvtester-max-delay (60 s); "s" and "n" requests both sent;
+            sub-agents run concurrently, their parent waiting for them.
+  --format auto (the default) tells kvtester files (one JSON object with
+  "requests" and "block_size") from JSONL lines; a directory stands for its
+  .json and .jsonl files. Bad input is refused naming the file and the line
+  or request. Several JSONL files are merged by "timestamp" when every line
+  has one, else concatenated in the order given.
   --generate sessions   a generated workload instead of a file: many shared
             system prompts (Zipf popularity) and long multi-turn sessions
             interleaved (see generate_sessions); --save writes it as a
@@ -66,6 +85,7 @@ bytes of one page; default 64 MiB = Llama-3-8B fp16 at 512 tokens), and
     scripts/replay --capacities 1000,3000 --policies lru,ghost,reuse
     scripts/replay --generate sessions                # the generated workload
     scripts/replay --mode daemon --capacities 1000 trace.jsonl
+    scripts/replay --capacities 2000,20000 kv-cache-tester/traces/   # kv-cache-tester's traces, native
     scripts/replay --json                             # machine-readable
 
 The plot (hit rate against capacity, one line per policy plus Belady) goes to
@@ -80,107 +100,24 @@ import json
 import re
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from pfxcache.testing import start_daemon
 from pfxcache.tools.common import OUT, command_line, new_plot, progress_bar, save_plot, shown, tool_parser
+from pfxcache.tools.trace_formats import (  # noqa: F401 - Request .. unique_tokens: replay's API as before
+    DEFAULT_NS, FORMATS, KVTESTER_MAX_DELAY, KVTESTER_TIMINGS, KVTESTER_USERS, MOONCAKE_BLOCK, TOKEN_MASK, Request,
+    Trace, TraceFormatError, mooncake_tokens, read_trace, unique_tokens)
 
 DEFAULT_TRACE = Path("/work/shared/traces/conversation_trace.jsonl")
-MOONCAKE_BLOCK = 512
-DEFAULT_NS = "replay"
-TOKEN_MASK = 0xFFFFFFFF
 UNLIMITED = 0  # capacity value meaning "never evict"
 DEFAULT_BLOCK_BYTES = 32 * 2 * 8 * 128 * 2 * 512  # Llama-3-8B fp16 KV of 512 tokens: 64 MiB
 UNITS = {"b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
          "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
 
 
-# -- traces ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class Request:
-    """One prompt: its namespace and either Mooncake hash ids or explicit token ids."""
-
-    namespace: str
-    input_tokens: int
-    hash_ids: list[int] | None = None
-    tokens: np.ndarray | None = None  # uint32
-    timestamp: float | None = None
-    serial: int = 0  # its line in the trace: names the tokens past its hash ids, unique to it
-
-
-@dataclass
-class Trace:
-    name: str
-    requests: list[Request] = field(default_factory=list)
-    block_tokens: int = MOONCAKE_BLOCK
-
-    @property
-    def input_tokens(self) -> int:
-        return sum(r.input_tokens for r in self.requests)
-
-
-def unique_tokens(serial: int, n: int) -> np.ndarray:
-    """``n`` token ids that only request ``serial`` has (a hash of (serial, position))."""
-    x = (np.uint64(serial) << np.uint64(32)) + np.arange(n, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    x ^= x >> np.uint64(31)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(29)
-    return (x & np.uint64(TOKEN_MASK)).astype(np.uint32)
-
-
-def mooncake_tokens(hash_ids, input_length: int, block_tokens: int = MOONCAKE_BLOCK, serial: int = 0) -> np.ndarray:
-    """The token ids of a Mooncake request: block h -> (h*B + j) & 0xffffffff, the last block cut to fit.
-
-    Tokens past the last hash id's block (kv-cache-tester traces leave a
-    partial last block without a hash id) are unique to the request: see unique_tokens.
-    """
-    ids = np.asarray(hash_ids, dtype=np.uint64)
-    lo = block_tokens * (len(ids) - 1)
-    if len(ids) and input_length <= lo:
-        raise ValueError(f"input_length {input_length} does not fill {len(ids)} blocks of {block_tokens} tokens")
-    full = (ids[:, None] * np.uint64(block_tokens) + np.arange(block_tokens, dtype=np.uint64)[None, :])
-    flat = (full & np.uint64(TOKEN_MASK)).astype(np.uint32).reshape(-1)
-    if input_length > len(flat):
-        flat = np.concatenate([flat, unique_tokens(serial, input_length - len(flat))])
-    return flat[:input_length]
-
-
-def read_trace(paths: list[Path], fmt: str, namespace_per_file: bool, block_tokens: int = MOONCAKE_BLOCK,
-               limit: int | None = None) -> Trace:
-    """Read one or more JSONL trace files (see the module docstring for the formats)."""
-    requests: list[Request] = []
-    for path in paths:
-        file_ns = path.stem if namespace_per_file else DEFAULT_NS
-        with open(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                obj = json.loads(line)
-                ts = obj.get("timestamp")
-                if fmt == "mooncake":
-                    ids = [int(h) for h in obj["hash_ids"]]
-                    n = int(obj["input_length"])
-                    if ids and n <= block_tokens * (len(ids) - 1):
-                        raise ValueError(f"{path}:{lineno}: input_length {n} does not fill {len(ids)} blocks")
-                    requests.append(Request(str(obj.get("namespace", file_ns)), n, hash_ids=ids, timestamp=ts,
-                                            serial=len(requests)))
-                else:
-                    toks = np.asarray(obj["tokens"], dtype=np.int64)
-                    if toks.size and (toks.min() < 0 or toks.max() > TOKEN_MASK):
-                        raise ValueError(f"{path}:{lineno}: token ids must be 0..2**32-1")
-                    ns = str(obj.get("namespace", file_ns))
-                    requests.append(Request(ns, int(toks.size), tokens=toks.astype(np.uint32), timestamp=ts))
-    if len(paths) > 1 and requests and all(r.timestamp is not None for r in requests):
-        requests.sort(key=lambda r: r.timestamp)  # stable: ties keep file order
-    if limit:
-        requests = requests[:limit]
-    name = paths[0].stem if len(paths) == 1 else f"{paths[0].stem}+{len(paths) - 1}"
-    return Trace(name, requests, block_tokens)
+# -- traces (reading: trace_formats) ---------------------------------------------------------------
 
 
 def generate_sessions(seed: int = 1, sessions: int = 2000, system_prompts: int = 40, concurrent: int = 400,
@@ -519,8 +456,21 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = tool_parser("replay", __doc__)
     parser.add_argument("traces", nargs="*", type=Path,
-                        help=f"JSONL trace file(s) (default {DEFAULT_TRACE} when it exists)")
-    parser.add_argument("--format", choices=("mooncake", "tokens"), default="mooncake", help="trace format")
+                        help=f"trace files or directories of them (default {DEFAULT_TRACE} when it exists)")
+    parser.add_argument("--format", choices=FORMATS, default="auto",
+                        help="trace format (default auto: kvtester for one JSON object with requests and "
+                             "block_size, tokens for lines with tokens, else mooncake)")
+    parser.add_argument("--kvtester-users", type=int, default=KVTESTER_USERS,
+                        help=f"kvtester: conversations active at a time, the next starting when one ends "
+                             f"(default {KVTESTER_USERS}, the tester's --max-users; 0 = all at once)")
+    parser.add_argument("--kvtester-max-delay", type=float, default=KVTESTER_MAX_DELAY,
+                        help=f"kvtester: cap on the delay between a conversation's requests, seconds "
+                             f"(default {KVTESTER_MAX_DELAY:g}, the tester's --max-delay)")
+    parser.add_argument("--kvtester-timing", choices=KVTESTER_TIMINGS, default="think-only",
+                        help="kvtester: delays from think_time (default, as the tester) or from t (original)")
+    parser.add_argument("--kvtester-max-context", type=int, default=0,
+                        help="kvtester: stop a conversation at its first request past this many input tokens "
+                             "(default 0 = never; the tester's --max-context is 128000)")
     parser.add_argument("--namespace-per-file", action="store_true",
                         help="each file is its own namespace (its hash ids do not meet other files')")
     parser.add_argument("--generate", choices=("sessions",), help="replay a generated workload instead of a file")
@@ -540,9 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", default=",".join(POLICIES),
                         help=f"comma-separated eviction policies (default {','.join(POLICIES)})")
     parser.add_argument("--no-belady", action="store_true", help="skip the offline Belady reference")
-    parser.add_argument("--page-size", type=int, help="tokens per page (default: 512, the Mooncake block)")
-    parser.add_argument("--block-tokens", type=int, default=MOONCAKE_BLOCK,
-                        help="tokens per Mooncake hash id (default 512)")
+    parser.add_argument("--page-size", type=int, help="tokens per page (default: the trace's block, 512 for Mooncake)")
+    parser.add_argument("--block-tokens", type=int,
+                        help="tokens per hash id (default 512; kvtester: the files' block_size, which must agree)")
     parser.add_argument("--shards", type=int, default=16, help="shards of the store/daemon (default 16)")
     parser.add_argument("--mode", choices=("store", "daemon"), default="store", help="where to replay")
     parser.add_argument("--url", help="--mode daemon: a running pfxcached (redis://host:port/0)")
@@ -561,11 +511,9 @@ def main(argv: list[str] | None = None) -> int:
         capacities = [parse_capacity(c, args.block_bytes) for c in args.capacities.split(",") if c.strip()]
     except ValueError as exc:
         parser.error(str(exc))
-    page_size = args.page_size or args.block_tokens
-
     if args.generate:
         trace = generate_sessions(args.seed, args.sessions, args.system_prompts, args.concurrent,
-                                  block_tokens=args.block_tokens)
+                                  block_tokens=args.block_tokens or MOONCAKE_BLOCK)
         if args.limit:
             trace.requests = trace.requests[: args.limit]
     else:
@@ -573,11 +521,17 @@ def main(argv: list[str] | None = None) -> int:
         for p in paths:
             if not p.exists():
                 parser.error(f"no trace at {p} (give a path, or --generate sessions)")
-        trace = read_trace(paths, args.format, args.namespace_per_file, args.block_tokens, args.limit)
+        try:
+            trace = read_trace(paths, args.format, args.namespace_per_file, args.block_tokens, args.limit,
+                               users=args.kvtester_users, max_delay=args.kvtester_max_delay,
+                               timing=args.kvtester_timing, max_context=args.kvtester_max_context)
+        except TraceFormatError as exc:
+            parser.error(str(exc))
     if args.save:
         save_trace(trace, args.save)
     if not trace.requests:
         parser.error("the trace is empty")
+    page_size = args.page_size or trace.block_tokens
 
     chains = page_chains(trace, page_size)
     distinct = len({p for c in chains for p in c})
