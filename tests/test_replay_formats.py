@@ -216,3 +216,20 @@ def test_scripts_replay_store_mode_over_a_directory(tmp_path):
     assert doc["input_tokens"] == 2 * (2 * B + 5) + (2 * B + 5) + 3 * B + 3 * B + 1
     assert doc["results"]["lru"]["unlimited"]["hit_tokens"] == 6 * B
     assert doc["results"]["belady"]["unlimited"]["hit_tokens"] == 6 * B
+
+
+def test_warm_prefix_shares_the_first_blocks_across_conversations(tmp_path):
+    a, b = two_conversations(tmp_path)
+    for f in (a, b):  # tool_tokens + system_tokens: 40 in a (the largest), 10 in b
+        doc = json.loads(f.read_text())
+        doc["tool_tokens"] = 30 if f == a else 0
+        f.write_text(json.dumps(doc))
+    cold = kv([a, b], users=0)
+    warm = kv([a, b], users=0, warm_prefix=1.0)  # 40 tokens: 2 whole blocks, shared ids 0, 1
+    half = kv([a, b], users=0, warm_prefix=0.6)  # 24 tokens: one whole block
+    assert [r.hash_ids for r in warm.requests] == [[0, 1], [0, 1], [0, 1, 9], [0, 1], [0, 1, 5]]
+    assert [r.hash_ids[:2] for r in half.requests] == [[0, 3], [0, 7], [0, 7], [0, 3], [0, 3]]
+    hits = [replay.replay_store(t, "lru", 100, B, quiet=True)["hit_tokens"] for t in (cold, half, warm)]
+    assert hits == [6 * B, 7 * B, 8 * B]  # b's first request hits a's shared blocks
+    with pytest.raises(TraceFormatError, match="fraction"):
+        kv([a], warm_prefix=2.0)

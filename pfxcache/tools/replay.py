@@ -66,6 +66,8 @@ Trace formats (--format):
             think_time (--kvtester-timing original: its t gap), capped at
             --kvtester-max-delay (60 s); "s" and "n" requests both sent;
             sub-agents run concurrently, their parent waiting for them.
+            --kvtester-warm-prefix 0.5 shares a prefix across conversations
+            as the tester's --warm-prefix-pct does (off by default).
   --format auto (the default) tells kvtester files (one JSON object with
   "requests" and "block_size") from JSONL lines; a directory stands for its
   .json and .jsonl files. Bad input is refused naming the file and the line
@@ -471,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kvtester-max-context", type=int, default=0,
                         help="kvtester: stop a conversation at its first request past this many input tokens "
                              "(default 0 = never; the tester's --max-context is 128000)")
+    parser.add_argument("--kvtester-warm-prefix", type=float, default=0.0,
+                        help="kvtester: share this fraction of the largest tool+system prompt across all "
+                             "conversations, as the tester's --warm-prefix-pct (default 0: as they come; its is 0.5)")
     parser.add_argument("--namespace-per-file", action="store_true",
                         help="each file is its own namespace (its hash ids do not meet other files')")
     parser.add_argument("--generate", choices=("sessions",), help="replay a generated workload instead of a file")
@@ -524,7 +529,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             trace = read_trace(paths, args.format, args.namespace_per_file, args.block_tokens, args.limit,
                                users=args.kvtester_users, max_delay=args.kvtester_max_delay,
-                               timing=args.kvtester_timing, max_context=args.kvtester_max_context)
+                               timing=args.kvtester_timing, max_context=args.kvtester_max_context,
+                               warm_prefix=args.kvtester_warm_prefix)
         except TraceFormatError as exc:
             parser.error(str(exc))
     if args.save:

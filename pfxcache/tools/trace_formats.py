@@ -32,6 +32,12 @@ the server made instant so that the result is deterministic:
 Hash ids are per file (and per context), starting at 1, so each id space is moved past the previous ones:
 no two conversations share a block unless they are made to. Equal times go in conversation order, then in
 the order of the file.
+
+The one sharing the tester makes is optional here (``warm_prefix``, off by default: the traces as they
+come share nothing): its ``--warm-prefix-pct`` (default 0.5) starts every user's first message, sub-agents'
+too, with one canonical text of that share of the largest ``tool_tokens + system_tokens`` among the
+traces, and later messages keep it as history. Here the whole blocks of a context's first request inside
+that many tokens become shared blocks 0, 1, ..., wherever the context's later requests still hold them.
 """
 
 from __future__ import annotations
@@ -163,7 +169,7 @@ def detect_format(path: Path) -> tuple[str, object | None]:
 
 def read_trace(paths: list[Path], fmt: str, namespace_per_file: bool, block_tokens: int | None = None,
                limit: int | None = None, users: int = KVTESTER_USERS, max_delay: float = KVTESTER_MAX_DELAY,
-               timing: str = "think-only", max_context: int = 0) -> Trace:
+               timing: str = "think-only", max_context: int = 0, warm_prefix: float = 0.0) -> Trace:
     """Read trace files or directories of them (formats: the module docstring; ``fmt`` may be "auto").
 
     ``block_tokens`` None means the format's own: 512 for mooncake, the files' ``block_size`` for kvtester.
@@ -179,8 +185,13 @@ def read_trace(paths: list[Path], fmt: str, namespace_per_file: bool, block_toke
         name = f"{paths[0].stem}+{len(paths) - 1}"
     first, _ = detect_format(files[0]) if fmt == "auto" else (fmt, None)
     if first == "kvtester":
+        warm = 0
+        if warm_prefix:  # the tester's share of the largest tool + system prompt: one pass to find it
+            if not 0 <= warm_prefix <= 1:
+                raise TraceFormatError(f"the warm prefix is a fraction 0..1, not {warm_prefix}")
+            warm = int(warm_prefix * max(_prompt_tokens(f, doc) for f, doc in _kvtester_docs(files, fmt)))
         trace = read_kvtester(_kvtester_docs(files, fmt), namespace_per_file, block_tokens, users, max_delay,
-                              timing, max_context)
+                              timing, max_context, warm)
         trace.name = name
     else:
         for f in files[1:] if fmt == "auto" else ():
@@ -204,6 +215,17 @@ def _kvtester_docs(files: list[Path], fmt: str):
             raise TraceFormatError(f"{f}: not a kv-cache-tester trace (one JSON object with \"requests\" and "
                                    f"\"block_size\"){unlike}")
         yield f, doc
+
+
+def _prompt_tokens(path: Path, doc: dict) -> int:
+    """tool_tokens + system_tokens of a kv-cache-tester trace (0 when absent, as the tester reads them)."""
+    total = 0
+    for key in ("tool_tokens", "system_tokens"):
+        value = doc.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise TraceFormatError(f"{path}: {key!r} must be a token count, not {value!r}")
+        total += value
+    return total
 
 
 def _read_jsonl(files: list[Path], fmt: str, namespace_per_file: bool, block_tokens: int) -> list[Request]:
@@ -247,11 +269,14 @@ def _jsonl_request(obj: dict, fmt: str, file_ns: str, block_tokens: int, serial:
 class _IdSpace:
     """The hash ids of one context (a file, or a sub-agent of a "local"/"per_context" trace)."""
 
-    __slots__ = ("largest", "offset", "_ints", "_last")
+    __slots__ = ("largest", "offset", "first", "first_tokens", "warm", "_ints", "_last")
 
     def __init__(self) -> None:
         self.largest = -1
         self.offset = 0
+        self.first: list[int] | None = None  # the hash ids of its first request
+        self.first_tokens = 0  # and its input tokens
+        self.warm = 0  # how many of those are the shared warm prefix's blocks 0, 1, ...
         self._ints: list[int] | None = None
         self._last: tuple[list[int], list[int]] | None = None
 
@@ -262,6 +287,8 @@ class _IdSpace:
             return self._last[1]
         if self._ints is None:
             self._ints = list(range(self.offset, self.offset + self.largest + 1))
+            for block, h in enumerate(self.first[: self.warm] if self.first else ()):
+                self._ints[h] = block
         moved = [self._ints[h] for h in ids]
         self._last = (ids, moved)
         return moved
@@ -316,6 +343,8 @@ def _parse_context(requests, block: int, space: _IdSpace, global_scope: bool, wh
                                    f"(they need more than {block * (len(ids) - 1)} tokens)")
         if ids:
             space.largest = max(space.largest, max(ids))
+        if space.first is None:
+            space.first, space.first_tokens = ids, n
         entries.append(_Entry(t, _number(req, "think_time", at, required=False), n, ids, space))
     return entries
 
@@ -346,15 +375,16 @@ def _schedule(entries: list[_Entry], start: float, max_delay: float, timing: str
 
 
 def read_kvtester(docs, namespace_per_file: bool, block_tokens: int | None, users: int = KVTESTER_USERS,
-                  max_delay: float = KVTESTER_MAX_DELAY, timing: str = "think-only", max_context: int = 0) -> Trace:
+                  max_delay: float = KVTESTER_MAX_DELAY, timing: str = "think-only", max_context: int = 0,
+                  warm_tokens: int = 0) -> Trace:
     """kv-cache-tester conversations, ``docs`` an iterable of (path, document), merged on one timeline as
-    the tester plays them (module docstring)."""
+    the tester plays them (module docstring); ``warm_tokens``: the tester's warm prefix (module docstring)."""
     if timing not in KVTESTER_TIMINGS:
         raise TraceFormatError(f"unknown kv-cache-tester timing {timing!r} (known: {', '.join(KVTESTER_TIMINGS)})")
     if users < 0 or not max_delay >= 0:
         raise TraceFormatError("kv-cache-tester users and max delay must be >= 0")
     block = first = None
-    offset = 0
+    offset = warm_blocks = 0
     slots = [(0.0, k) for k in range(users)]
     timed: list[tuple[float, int, int, str, int, list[int]]] = []
     for conv, (path, doc) in enumerate(docs):
@@ -370,9 +400,13 @@ def read_kvtester(docs, namespace_per_file: bool, block_tokens: int | None, user
         root = _IdSpace()
         entries = _parse_context(doc["requests"], size, root, doc.get("hash_id_scope") == "global",
                                  f"{path}: requests")
+        if conv == 0:
+            warm_blocks = offset = warm_tokens // size  # ids 0 .. warm_blocks - 1: the shared prefix
         for space in _spaces(entries, root):  # each context's ids past all earlier ones': no collisions
             space.offset = offset
             offset += space.largest + 1
+            if space.first:
+                space.warm = min(warm_blocks, len(space.first), min(warm_tokens, space.first_tokens) // size)
         start, slot = heapq.heappop(slots) if users else (0.0, conv)
         fired: list[tuple[float, _Entry]] = []
         end = _schedule(entries, start, max_delay, timing, max_context, fired)
