@@ -66,6 +66,7 @@ class Node:
         "gap",
         "key",
         "last_access",
+        "lhd",
         "lock_ref",
         "parent",
         "policy_data",
@@ -100,6 +101,7 @@ class Node:
         self.page_hashes = None  # KV events: the pages' block hashes, 8 bytes each (block_hashes.py)
         self.sample_hashes = None  # guard's sampling hashes of the pages, a (2, pages) array (guard.py)
         self.tempo = None  # the tempo policy's (pace, freq) of the latest access (tempo.py)
+        self.lhd = None  # the lhd policy's (class, freq) as of the node's latest push (lhd.py)
 
     @property
     def pages(self) -> int:

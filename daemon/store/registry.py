@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from .guard import GuardPolicy
+from .lhd import LHDPolicy
 from .policies import GhostPolicy, HybridPolicy, LFUPolicy, LRUPolicy
 from .reuse import ReusePolicy
 from .tempo import TempoPolicy
 
-POLICIES = {cls.name: cls for cls in (LRUPolicy, LFUPolicy, HybridPolicy, GhostPolicy, ReusePolicy, TempoPolicy, GuardPolicy)}
+POLICIES = {cls.name: cls for cls in (LRUPolicy, LFUPolicy, HybridPolicy, GhostPolicy, ReusePolicy, TempoPolicy, LHDPolicy, GuardPolicy)}

@@ -1,0 +1,271 @@
+"""The ``lhd`` eviction policy: evict the candidate of least hit density (LHD, with explorers).
+
+LHD (Beckmann, Chen and Cidon, "LHD: Improving Cache Hit Rate by Maximizing
+Hit Density", NSDI 2018) ranks an object by what it is expected to give per
+unit of cache space and time from its age on:
+
+    density(class, age) = E[hits after age] / E[ticks in the cache after age]
+
+estimated from what became of earlier objects of its class: how many were
+hit, and how many evicted, at each age. A class whose leaves come back
+(conversations) is kept over one whose leaves do not (one-off prompts), and
+within a class an age past which nothing comes back goes first. Sizes do not
+divide the density: a hit on a leaf is worth its pages, and so is its room.
+
+Here:
+
+* an object is a candidate (an unpinned leaf); its age is the ticks since its
+  last access (``node.tick``, the store's logical clock: the same in process
+  and through the daemon); a hit is a lookup through it, seen on its next
+  push (``node.freq`` moved: it was hit at age ``node.gap``; a leaf that got a
+  child since is pushed again when the child is evicted);
+* its class: hits so far (0, 1, 2, 3+), its pages (log2: 1, 2-3, .. 32+) and
+  its turns (log2 of 1 + its parent's turns: a conversation's depth in new
+  contents). On the shared Mooncake trace the share of requests whose
+  conversation comes back falls from 0.50 (one new page) to 0.22 (16 or
+  more) and rises from 0.39 (second turn) to 0.78 (seventh and later);
+* histograms of hits and evictions per class and age (4 buckets per octave),
+  decayed by DECAY and turned into densities every RECOMPUTE events (numpy:
+  O(classes x buckets), bounded); a class with fewer than MIN_EVENTS events
+  ranks by the pooled densities;
+* explorers (LHD's answer to "a policy never sees hits past the age it
+  evicts at"): one new leaf in EXPLORE_ONE_IN, and the next turns of an
+  explorer, while explorers are at most EXPLORE_SHARE of the candidates, is
+  not evicted before EXPLORE_REACH x the typical eviction age, so hits at
+  older ages get into the histograms;
+* a victim: the least dense of SAMPLES candidates drawn with a seeded
+  generator from an array of entries (stale ones removed in O(1) when drawn,
+  the array compacted when they are half of it); ties, and no data yet, go
+  to the oldest: with nothing learned it is a sampled LRU.
+
+Cost: O(1) per access (an append), O(SAMPLES) per eviction, O(classes x
+buckets) numpy work every RECOMPUTE events. Memory: a small tuple per node
+(``Node.lhd``), CLASSES x AGE_BUCKETS floats twice. Per-namespace instances
+(EVICT commands) draw from their own array and rank by the global instance's
+densities.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+SAMPLES = 32  # candidates drawn per eviction (LHD's associativity)
+RECOMPUTE = 512  # events (hits, evictions) between two recomputations of the densities
+DECAY = 0.9  # ... each of which weighs the histograms down by this (workloads drift)
+SEED = 0x1AD  # the sampler's seed: the same draws in process and through the daemon
+HIT_CLASSES = 4  # hits so far: 0, 1, 2, 3+
+SIZE_CLASSES = 6  # log2 of the pages a candidate holds: 1, 2-3, 4-7, 8-15, 16-31, 32+
+TURN_CLASSES = 4  # log2 of the nodes above it that were new content once: 1, 2-3, 4-7, 8+
+CLASSES = HIT_CLASSES * SIZE_CLASSES * TURN_CLASSES
+MAX_BITS = 26  # ages up to 2**26 ticks; older ones share the last bucket
+AGE_BUCKETS = 8 + 4 * (MAX_BITS - 3)
+MIN_EVENTS = 32.0  # a class with fewer (weighted) events ranks by the pooled densities
+_COMPACT_SLACK = 64
+EXPLORE_ONE_IN = 32  # a new leaf (a new conversation) explores with probability 1 / 32 ...
+EXPLORE_SHARE = 0.05  # ... while explorers are at most 5 % of the candidates ...
+EXPLORE_REACH = 4.0  # ... and it is not evicted before 4 x the typical eviction age (unless all drawn are)
+EVICTION_AGE_WEIGHT = 0.01  # EWMA weight of one eviction's age in the typical one
+
+
+def age_bucket(age: int) -> int:
+    """Four buckets per octave (exact below 8 ticks): integer arithmetic only."""
+    if age < 8:
+        return age if age > 0 else 0
+    bits = age.bit_length()
+    if bits > MAX_BITS:
+        return AGE_BUCKETS - 1
+    return 4 * bits - 8 + ((age >> (bits - 3)) & 3)
+
+
+def _bucket_edges() -> np.ndarray:
+    lo = [float(b) for b in range(8)]
+    for b in range(8, AGE_BUCKETS + 1):
+        k, r = divmod(b - 8, 4)
+        lo.append(float((4 + r) << (k + 1)))
+    return np.asarray(lo)
+
+
+_PROTECTED = float("inf")
+_EDGES = _bucket_edges()
+_WIDTHS = np.diff(_EDGES)
+
+
+def classify(freq: int, pages: int, turns: int) -> int:
+    """A candidate's class: its hits so far, its pages and its turns (all but hits in log2 buckets)."""
+    c = min(freq, HIT_CLASSES - 1) * SIZE_CLASSES + min(SIZE_CLASSES - 1, pages.bit_length() - 1)
+    return c * TURN_CLASSES + min(TURN_CLASSES - 1, turns.bit_length() - 1)
+
+
+def densities(hits: np.ndarray, evictions: np.ndarray) -> np.ndarray:
+    """Hit density per (class, age bucket): hits after that age over the ticks spent in the cache after it.
+
+    An object ending (hit or evicted) in bucket x was alive through every bucket before it and, on
+    average, half of bucket x; the ticks alive from age a on are the sum of those from a's bucket up.
+    """
+    ends = hits + evictions
+    alive = np.cumsum(ends[:, ::-1], axis=1)[:, ::-1]  # objects still there at the start of each bucket
+    lifetime = (alive - 0.5 * ends) * _WIDTHS
+    later_hits = np.cumsum(hits[:, ::-1], axis=1)[:, ::-1]
+    later_life = np.cumsum(lifetime[:, ::-1], axis=1)[:, ::-1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(later_life > 0, later_hits / np.where(later_life > 0, later_life, 1.0), 0.0)
+    return out
+
+
+class HitDensityModel:
+    """What the global instance learns and its per-namespace instances read: the clock and the densities."""
+
+    __slots__ = ("epoch", "eviction_age", "evictions", "explorers", "hits", "now", "pending", "table")
+
+    def __init__(self) -> None:
+        self.now = 0  # latest tick pushed
+        self.hits = np.zeros((CLASSES, AGE_BUCKETS))
+        self.evictions = np.zeros((CLASSES, AGE_BUCKETS))
+        self.pending = 0
+        self.eviction_age = 0.0  # EWMA of the age of evicted non-explorers
+        self.explorers = 0  # nodes in the trees flagged as explorers
+        self.epoch = 0  # recomputations so far: an event recorded at epoch e weighs DECAY ** (epoch - e) now
+        # density per class, then age bucket: a list of lists (read per drawn candidate, no numpy scalars)
+        self.table: list[list[float]] = [[0.0] * AGE_BUCKETS for _ in range(CLASSES)]
+
+    def hit(self, cls: int, age: int) -> None:
+        self.hits[cls, age_bucket(age)] += 1.0
+        self._event()
+
+    def evicted(self, cls: int, age: int) -> None:
+        self.evictions[cls, age_bucket(age)] += 1.0
+        self._event()
+
+    def returned(self, cls: int, evicted_age: int, age: int, epoch: int) -> None:
+        """An object evicted at ``evicted_age`` (at ``epoch``) came back ``age`` ticks after its last access."""
+        b = age_bucket(evicted_age)
+        e = self.evictions
+        e[cls, b] = max(0.0, e[cls, b] - DECAY ** (self.epoch - epoch))
+        self.hit(cls, age)
+
+    def _event(self) -> None:
+        self.pending += 1
+        if self.pending >= RECOMPUTE:
+            self.recompute()
+
+    def recompute(self) -> None:
+        self.pending = 0
+        self.epoch += 1
+        hits, evictions = self.hits, self.evictions
+        table = densities(hits, evictions)
+        pooled = densities(hits.sum(axis=0, keepdims=True), evictions.sum(axis=0, keepdims=True))
+        thin = (hits.sum(axis=1) + evictions.sum(axis=1)) < MIN_EVENTS
+        table[thin] = pooled[0]
+        self.table = table.tolist()
+        hits *= DECAY
+        evictions *= DECAY
+
+
+class LHDPolicy:
+    """Evict the least hit-dense of SAMPLES drawn candidates; see the module docstring."""
+
+    name = "lhd"
+    scope_shares_order = False  # a namespace's instance draws from its own candidates
+
+    def __init__(self, model: HitDensityModel | None = None, scoped: bool = False) -> None:
+        self.model = model if model is not None else HitDensityModel()
+        self.scoped = scoped
+        self._entries: list[tuple] = []  # (node, version, seq): live while version is the node's
+        self._seq = 0
+        self.live = 0
+        self._rng = random.Random(SEED)
+
+    def for_scope(self) -> LHDPolicy:
+        """The instance for one namespace's index: the same densities and clock, no learning."""
+        return LHDPolicy(self.model, scoped=True)
+
+    def describe(self) -> dict:
+        return {"lhd_recomputations": self.model.epoch}
+
+    # -- the candidate set ---------------------------------------------------------------------
+
+    def push(self, node, uncovered: bool = False) -> None:
+        tick = node.tick
+        if not self.scoped:
+            model = self.model
+            if tick > model.now:
+                model.now = tick
+            data = node.lhd
+            if data is not None:
+                if node.freq != data[1]:
+                    if node.gap:  # hit since its last push (maybe while it had children), at age node.gap
+                        model.hit(data[0], node.gap)
+                    node.lhd = (classify(node.freq, len(node.blocks), data[2]), node.freq, data[2], data[3])
+            else:
+                prev = node.parent.lhd if node.parent is not None else None
+                turns = prev[2] + 1 if prev is not None else 1
+                explorer = False
+                if not node.freq and not node.children and model.explorers < EXPLORE_SHARE * self.live:
+                    # a new leaf: explores when it continues an explorer, or by a draw
+                    explorer = (prev is not None and prev[3]) or self._rng.random() * EXPLORE_ONE_IN < 1.0
+                    model.explorers += explorer
+                node.lhd = (classify(node.freq, len(node.blocks), turns), node.freq, turns, explorer)
+        self._entries.append((node, node.version, self._seq))
+        self._seq += 1
+        self.live += 1
+
+    def drop(self) -> None:
+        self.live -= 1
+        if len(self._entries) > 2 * self.live + _COMPACT_SLACK:
+            self._entries = [e for e in self._entries if e[1] == e[0].version]
+
+    def peek(self, now: float):
+        """The least dense of SAMPLES drawn candidates (ages in the model's ticks, not ``now``)."""
+        if self.live <= 0:
+            return None
+        entries = self._entries
+        model = self.model
+        table = model.table
+        clock = model.now
+        reach = EXPLORE_REACH * model.eviction_age
+        rand = self._rng.random
+        best = None
+        best_key = None
+        draws = SAMPLES if self.live > SAMPLES else self.live
+        while draws > 0 and entries:
+            i = int(rand() * len(entries))
+            node, version, _ = entry = entries[i]
+            if version != node.version:  # stale: out in O(1)
+                last = entries.pop()
+                if i < len(entries):
+                    entries[i] = last
+                continue
+            draws -= 1
+            age = clock - node.tick
+            data = node.lhd
+            if data is None:
+                density = 0.0
+            elif data[3] and age < reach:
+                density = _PROTECTED  # a young explorer: only if every drawn candidate is one
+            else:
+                density = table[data[0]][age_bucket(age)]
+            key = (density, -age, entry[2])
+            if best_key is None or key < best_key:
+                best, best_key = node, key
+        return best
+
+    def nodes(self) -> list:
+        return [e[0] for e in self._entries if e[1] == e[0].version]
+
+    def pushed(self) -> list:
+        return [e[0] for e in sorted(self._entries, key=lambda e: e[2]) if e[1] == e[0].version]
+
+    def evicted(self, node, whole: bool) -> None:
+        """A ``whole`` evicted leaf counts as an eviction at its age (a trimmed one is still there)."""
+        if whole and not self.scoped:
+            data = node.lhd
+            if data is not None:
+                model = self.model
+                age = max(model.now - node.tick, 0)
+                model.evicted(data[0], age)
+                if data[3]:
+                    model.explorers -= 1
+                else:
+                    model.eviction_age += EVICTION_AGE_WEIGHT * (age - model.eviction_age)

@@ -1,0 +1,132 @@
+"""The lhd eviction policy: least hit density among drawn candidates; pins, leaf first, and replays agree."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+from pfxcache.daemon.store import MemoryArena, OutOfMemory, PrefixStore
+from pfxcache.daemon.store import lhd
+from pfxcache.daemon.store.lhd import LHDPolicy, age_bucket, densities
+from pfxcache.daemon.store.registry import POLICIES
+
+from test_replay import B, replay
+from test_reuse_policy import chatty_trace
+from test_tempo_policy import NS, PAGE, ticking_store, tokens, turn
+
+
+@pytest.fixture(scope="module")
+def chatty():
+    return chatty_trace()
+
+
+def test_registered_and_selectable():
+    assert POLICIES["lhd"] is LHDPolicy
+    store = ticking_store(8, "lru")
+    store.insert(NS, tokens(1, 2))
+    store.match(NS, tokens(1, 2), lease=False)
+    store.set_policy("lhd")
+    assert store.policy == "lhd" and store.check() == []
+    assert set(store.policy_state()) == {"lhd_recomputations"}
+
+
+def test_age_buckets_are_monotone_and_four_per_octave():
+    buckets = [age_bucket(a) for a in range(1 << 12)]
+    assert buckets == sorted(buckets) and buckets[:8] == list(range(8))
+    assert age_bucket(1024) - age_bucket(512) == 4
+    assert age_bucket(1 << 40) == lhd.AGE_BUCKETS - 1
+
+
+def test_density_is_hits_per_tick_from_an_age_on():
+    """Every object hit at age 100 and none evicted: about 1/100 a tick when new, nothing past 100."""
+    hits = np.zeros((1, lhd.AGE_BUCKETS))
+    hits[0, age_bucket(100)] = 10.0
+    d = densities(hits, np.zeros_like(hits))[0]
+    assert 0.8 / 100 < d[0] < 1.2 / 100
+    assert d[age_bucket(100)] > d[0]  # about to be hit: denser than when new
+    assert d[age_bucket(200)] == 0.0
+    # the same hits, but as many objects evicted young: half the hits per tick of room
+    evictions = np.zeros_like(hits)
+    evictions[0, age_bucket(10)] = 10.0
+    assert densities(hits, evictions)[0][0] < d[0]
+
+
+def test_untrained_it_is_lru():
+    """Nothing learned: every density is 0 and the oldest drawn goes; with few candidates all are drawn."""
+    for policy in ("lru", "lhd"):
+        store = ticking_store(6, policy)
+        for k in range(1, 7):
+            store.insert(NS, tokens(100 + k))
+        store.insert(NS, tokens(200))  # one page too many: the oldest goes
+        assert store.cached_tokens(NS, tokens(101)) == 0 and store.cached_tokens(NS, tokens(102)) == PAGE
+
+
+def test_keeps_conversations_that_come_back_where_lru_loses_them(chatty):
+    """One-off prompts flood the cache between a conversation's turns: LRU forgets every conversation before
+    its next turn; lhd learns (through its explorers) that conversations come back and one-offs do not."""
+    lru = replay.replay_store(chatty, "lru", 64, B, quiet=True)["hit_tokens"]
+    got = replay.replay_store(chatty, "lhd", 64, B, quiet=True)["hit_tokens"]
+    assert got > 1.25 * lru
+
+
+def test_deterministic(chatty):
+    trace = replay.Trace("chatty", chatty.requests[:1500], B)
+    runs = [replay.replay_store(trace, "lhd", 48, B, quiet=True)["hit_tokens"] for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_store_and_daemon_modes_agree(chatty):
+    trace = replay.Trace("chatty", chatty.requests[:1200], B)
+    store = replay.replay_store(trace, "lhd", 64, B, quiet=True)
+    daemon = replay.DaemonRunner(None, 16).run(trace, "lhd", 64, B, 16, quiet=True)
+    assert store["hit_tokens"] == daemon["hit_tokens"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_never_evicts_pinned_pages_and_stays_consistent(seed):
+    rng = random.Random(seed)
+    trace = chatty_trace(requests=600, seed=seed)
+    tick = itertools.count(1)
+    store = PrefixStore(MemoryArena(1, 40), page_size=B, shards=2, policy="lhd",
+                        clock=lambda: float(next(tick)), lease_ttl_ms=0)
+    leases = {}
+    for step, req in enumerate(trace.requests):
+        packed = replay.whole_pages(trace, req, B, 40)[0].tobytes()
+        ns = NS if step % 7 else b"other"  # a second namespace: each gets its own index
+        m = store.match(ns, packed, lease=True, owner=1)
+        if m.lease_id:
+            leases[m.lease_id] = (ns, packed[: m.matched_tokens * 4])
+        try:
+            store.insert(ns, packed, offset=m.matched_tokens, owner=1)
+        except OutOfMemory:  # everything left may be pinned
+            pass
+        while len(leases) > rng.randrange(1, 5):
+            lease_id = rng.choice(list(leases))
+            del leases[lease_id]
+            store.release(lease_id, 1)
+        if rng.random() < 0.05:  # PFXEVICT on the namespace: its own draws, the global densities
+            store.evict_pages(NS, rng.randrange(1, 6))
+        if rng.random() < 0.01:  # an unleased lookup: the hit leaf is re-indexed at once
+            store.match(ns, packed, lease=False)
+        for leased_ns, toks in leases.values():  # leased pages stay cached
+            assert store.cached_tokens(leased_ns, toks) * 4 >= len(toks)
+        if step % 100 == 0:
+            assert store.check() == []
+    assert store.check() == []
+    model = store._index.all.model
+    assert model.epoch > 0 and model.hits.sum() > 0  # densities were in play
+    assert 0 <= model.explorers
+
+
+def test_evicts_leaves_first():
+    """A shared prefix outlives its continuations, however dense."""
+    store = ticking_store(12, "lhd")
+    base = [1, 2, 3, 4]
+    for k in range(40):
+        turn(store, tokens(*base, 100 + 2 * k, 101 + 2 * k))
+        if k % 3 == 0:
+            turn(store, tokens(*base, 100 + 2 * k, 101 + 2 * k, 500 + k))  # a quick next turn now and then
+        assert store.cached_tokens(NS, tokens(*base)) == 4 * PAGE
+        assert store.check() == []
