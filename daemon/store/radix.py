@@ -323,6 +323,10 @@ class RadixTree:
         node.parent = None
         node.blocks = freed[:0]
         node.blocks_encoded = node.blocks_list = None
+        # Stale entries in the policy's orders hold the node until they are dropped or compacted
+        # away (five orders under guard): without its pages' bytes and hashes it is ~200 bytes.
+        node.key = b""
+        node.page_hashes = node.sample_hashes = None
         self.nodes -= 1
         self.pages -= n
         self.unpinned -= n

@@ -13,10 +13,10 @@ import bisect
 import heapq
 import math
 import zlib
-from collections import OrderedDict
 
 import numpy as np
 
+from .ghosts import Ghost
 from .policies import GHOST_MAX, GHOST_MIN, GHOST_PER_LEAF, HeapPolicy
 
 GAP_BUCKETS = 48  # half-octave buckets of a reuse gap in ticks: up to 2**24 ticks
@@ -179,8 +179,8 @@ class ReusePolicy(HeapPolicy):
         super().__init__()
         self.learner = learner if learner is not None else ReuseLearner()
         self.scoped = scoped
-        # first page (in its namespace) -> class, tick, end and gap of the last access of the evicted node
-        self._ghost: OrderedDict[int, tuple[int | None, int, int, int]] = OrderedDict()
+        # first page (in its namespace) -> class (-1: none), tick, end and gap of the last access of the evicted node
+        self._ghost = Ghost("qqqq")
         self._now = 0  # latest tick seen
 
     def describe(self) -> dict:
@@ -243,11 +243,11 @@ class ReusePolicy(HeapPolicy):
                     key = pdata.key
                 parent.policy_data = Access(cls, parent.freq, key, end, parent.tick, gap, prev)
             else:
-                seen = self._ghost.pop(self._ghost_key(node), None)
+                seen = self._ghost.pop(self._ghost_key(node))
                 if seen is not None:  # came back after being evicted
                     seen_cls, seen_tick, seen_end, prev = seen
                     gap = max(node.tick - seen_tick, 1)
-                    if seen_cls is not None:
+                    if seen_cls >= 0:
                         learner.returned(seen_cls, gap)
                     added = max(end - seen_end, 0)
                 cls = learner.classify(_typical(gap, prev), added)
@@ -288,8 +288,8 @@ class ReusePolicy(HeapPolicy):
             return
         ghost = self._ghost
         h = self._ghost_key(node)
-        ghost[h] = (data.cls, node.tick, data.end, data.gap) if data is not None else (None, node.tick, 0, 0)
-        ghost.move_to_end(h)
-        limit = max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX))
-        while len(ghost) > limit:
-            ghost.popitem(last=False)
+        if data is not None:
+            ghost.put(h, -1 if data.cls is None else data.cls, node.tick, data.end, data.gap)
+        else:
+            ghost.put(h, -1, node.tick, 0, 0)
+        ghost.trim(max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX)))

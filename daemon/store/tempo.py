@@ -48,8 +48,8 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections import OrderedDict
 
+from .ghosts import Ghost
 from .policies import GHOST_MAX, GHOST_MIN, GHOST_PER_LEAF, BucketedHeaps
 
 PACE_BUCKETS = 48  # half-octave buckets of a pace in ticks: up to 2**24 ticks
@@ -113,7 +113,7 @@ class TempoPolicy(BucketedHeaps):
         self.scoped = scoped
         super().__init__(PACE_BUCKETS)
         # the end of an evicted leaf (last page, depth, namespace) -> (its last access tick, pace, gaps, ended one)
-        self._ghost: OrderedDict[int, tuple[int, float, int, bool]] = OrderedDict()
+        self._ghost = Ghost("qdq?")
 
     def for_scope(self) -> TempoPolicy:
         """The instance for one namespace's index: the same paces and clock, no learning."""
@@ -131,19 +131,18 @@ class TempoPolicy(BucketedHeaps):
     def _returned(self, node):
         """The ghost entry of the deepest evicted leaf whose end lies on ``node``'s new edge (popped), or None."""
         ghost = self._ghost
-        if not ghost:
+        if not len(ghost):
             return None
         tree = node.tree
         P = tree.page_bytes
         key = node.key
         seed = zlib.crc32(tree.scope) + tree.depth_pages(node)  # + depth: the last page's key
         crc32 = zlib.crc32
-        pop = ghost.pop
         end = len(key)
         for start in range(end - P, -1, -P):
-            seen = pop(crc32(key[start : start + P], (seed - (end - P - start) // P) & 0xFFFFFFFF), None)
-            if seen is not None:
-                return seen
+            h = crc32(key[start : start + P], (seed - (end - P - start) // P) & 0xFFFFFFFF)
+            if h in ghost:
+                return ghost.pop(h)
         return None
 
     def _pace(self, node, uncovered: bool) -> tuple[float, int, bool]:
@@ -208,11 +207,11 @@ class TempoPolicy(BucketedHeaps):
         tree = node.tree
         P = tree.page_bytes
         h = self._page_key(tree.scope, node.key[-P:], tree.depth_pages(node))
-        ghost[h] = (node.tick, data[0], data[2], data[4]) if data is not None else (node.tick, 1.0, 0, False)
-        ghost.move_to_end(h)
-        limit = max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX))
-        while len(ghost) > limit:
-            ghost.popitem(last=False)
+        if data is not None:
+            ghost.put(h, node.tick, data[0], data[2], data[4])
+        else:
+            ghost.put(h, node.tick, 1.0, 0, False)
+        ghost.trim(max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX)))
 
     def peek(self, now: float):
         """The next victim (ages in the model's ticks, not ``now``: the same in process and in the daemon)."""
