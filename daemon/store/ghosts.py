@@ -18,7 +18,9 @@ from __future__ import annotations
 import struct
 from collections import deque
 
-_SEQ_BITS = 64
+# An entry's number only tells its live deque slot from stale ones of its key, which lie fewer
+# slots before it than the deque holds (< 2 x 2**18 + 65): 32 bits of it tell them apart.
+_SEQ_BITS = 32
 _SEQ_MASK = (1 << _SEQ_BITS) - 1
 _COMPACT_SLACK = 64
 

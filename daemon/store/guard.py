@@ -62,12 +62,13 @@ through the daemon agree to the token.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import zlib
 
 import numpy as np
 
-from .policies import HybridPolicy, LFUPolicy, LRUPolicy, _bucket
+from .policies import HybridPolicy, LFUPolicy, LRUPolicy, SharedSeq, _bucket
 from .radix import RadixTree, Totals
 from .reuse import ReusePolicy
 from .tempo import TempoPolicy
@@ -99,6 +100,20 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x
 
 
+_UNMUL1 = np.uint64(pow(0xBF58476D1CE4E5B9, -1, 2**64))
+_UNMUL2 = np.uint64(pow(0x94D049BB133111EB, -1, 2**64))
+
+
+def _unmix(x: np.ndarray) -> np.ndarray:
+    """_mix undone, in place (each step is a bijection of uint64): a page's running sum from its identity."""
+    x ^= (x >> np.uint64(31)) ^ (x >> np.uint64(62))
+    x *= _UNMUL2
+    x ^= (x >> np.uint64(27)) ^ (x >> np.uint64(54))
+    x *= _UNMUL1
+    x ^= (x >> np.uint64(30)) ^ (x >> np.uint64(60))
+    return x
+
+
 class PageSampler:
     """Which pages of a prompt are in the sample, and their identities as one-token pages."""
 
@@ -124,22 +139,24 @@ class PageSampler:
         return np.uint64(zlib.crc32(scope) + 1)
 
     def hash_pages(self, tokens: bytes, depth: int, carry: np.uint64) -> np.ndarray:
-        """The whole pages of ``tokens``, at depths ``depth``.. below a running sum ``carry``: a (2, pages) array.
+        """The identities of the whole pages of ``tokens``, at depths ``depth``.. below a running sum ``carry``.
 
-        Row 0: the running sum after each page (a hash of each page times its depth's multiplier,
-        added up from the namespace's seed: the page's identity covers every page before it);
-        row 1: that sum mixed, the page's identity.
+        A page's identity is the running sum after it (a hash of each page times its depth's
+        multiplier, added up from the namespace's seed: it covers every page before it), mixed;
+        ``carry_after`` gets the sum back from the identity (8 bytes a page kept, not 16).
         """
         n = len(tokens) // self.page_bytes
         pages = np.frombuffer(tokens, np.uint32, n * self.page_tokens).reshape(n, self.page_tokens)
         h = pages.astype(np.uint64) @ self._coef  # a hash of each page (uint64 arithmetic wraps)
         h *= self._multipliers(depth + n)[depth:]  # the page's depth is part of its identity
-        out = np.empty((2, n), np.uint64)
-        np.cumsum(h, dtype=np.uint64, out=out[0])  # ... and so is every page before it
-        out[0] += carry
-        out[1] = out[0]
-        _mix(out[1])
-        return out
+        out = np.cumsum(h, dtype=np.uint64)  # ... and so is every page before it
+        out += carry
+        return _mix(out)
+
+    @staticmethod
+    def carry_after(ids: np.ndarray) -> np.uint64:
+        """The running sum after the last of the pages with identities ``ids`` (at least one)."""
+        return _unmix(ids[-1:].copy())[0]
 
     def path_hashes(self, scope: bytes, node) -> np.ndarray:
         """hash_pages() of the path from the root to radix node ``node``, from the hashes cached on its nodes.
@@ -156,17 +173,17 @@ class PageSampler:
         for node in reversed(nodes):
             part = node.sample_hashes
             if part is None:
-                carry = parts[-1][0, -1] if parts else self.seed(scope)
+                carry = self.carry_after(parts[-1]) if parts else self.seed(scope)
                 part = node.sample_hashes = self.hash_pages(node.key, depth, carry)
             parts.append(part)
-            depth += part.shape[1]
+            depth += len(part)
         if len(parts) == 1:
             return parts[0]
-        return np.concatenate(parts, axis=1) if parts else np.empty((2, 0), np.uint64)
+        return np.concatenate(parts) if parts else np.empty(0, np.uint64)
 
-    def select(self, hashes: np.ndarray) -> tuple[bytes, np.ndarray]:
-        """(the sampled pages as packed one-token pages, their depths) of pages with identities ``hashes[1]``."""
-        x = hashes[1]
+    def select(self, ids: np.ndarray) -> tuple[bytes, np.ndarray]:
+        """(the sampled pages as packed one-token pages, their depths) of pages with identities ``ids``."""
+        x = ids
         if self._all:
             depths = np.arange(len(x))
         else:
@@ -186,8 +203,8 @@ class PageSampler:
         hashes = self.path_hashes(scope, node)
         if matched < npages:
             P = self.page_bytes
-            tail = self.hash_pages(tokens[matched * P : npages * P], matched, hashes[0, -1])
-            hashes = np.concatenate((hashes, tail), axis=1)
+            tail = self.hash_pages(tokens[matched * P : npages * P], matched, self.carry_after(hashes))
+            hashes = np.concatenate((hashes, tail))
         return self.select(hashes)
 
 
@@ -248,7 +265,7 @@ class MiniCache:
         if pages:
             totals = self.totals
             totals.ticks += 1
-            tree.touch(node, float(totals.ticks), hit=True)
+            tree.touch(node, totals.ticks, hit=True)  # an int: last_access shares the tick's object
         if pages < n:
             self._store(tree, node, ids, pages, n)
         return pages
@@ -273,10 +290,10 @@ class MiniCache:
             victim.tree.trim(victim, k)
             short -= k
         totals.ticks += 1
-        now = float(totals.ticks)
+        now = totals.ticks
         end = node
-        if pages < n:
-            end = tree.add_leaf(node, ids[pages * 4 : n * 4], [0] * (n - pages), now)
+        if pages < n:  # (block ids: none, but one byte a page keeps len() and slicing: 7 bytes a page less)
+            end = tree.add_leaf(node, ids[pages * 4 : n * 4], bytearray(n - pages), now)
         tree.unpin(node)
         tree.touch(end, now, hit=False)
 
@@ -330,11 +347,14 @@ class _Orders:
         self.orders = orders
         self._all = tuple(orders.values())
         self.live = 0
+        self._pushes = itertools.count()  # each order numbered its pushes alike: one number for all
+        self._seq = SharedSeq.share(self._all)
 
     def driver(self) -> str:
         raise NotImplementedError
 
     def push(self, node, uncovered: bool = False) -> None:
+        self._seq.value = next(self._pushes)
         for order in self._all:  # reuse first: a namespace's reuse order reads the key it sets
             order.push(node, uncovered)
         self.live += 1

@@ -99,7 +99,7 @@ class Node:
         self.version = 0  # bumped on every change of eviction-index membership or priority
         self.evictable = False  # mirrors membership in the eviction index
         self.page_hashes = None  # KV events: the pages' block hashes, 8 bytes each (block_hashes.py)
-        self.sample_hashes = None  # guard's sampling hashes of the pages, a (2, pages) array (guard.py)
+        self.sample_hashes = None  # guard's sampling identities of the pages, a uint64 array (guard.py)
         self.tempo = None  # the tempo policy's (pace, freq) of the latest access (tempo.py)
         self.lhd = None  # the lhd policy's (class, freq) as of the node's latest push (lhd.py)
 
@@ -185,7 +185,7 @@ class RadixTree:
         if child.page_hashes is not None:  # each page keeps its block hash
             top.page_hashes, child.page_hashes = child.page_hashes[: m * 8], child.page_hashes[m * 8 :]
         if child.sample_hashes is not None:
-            top.sample_hashes, child.sample_hashes = child.sample_hashes[:, :m], child.sample_hashes[:, m:]
+            top.sample_hashes, child.sample_hashes = child.sample_hashes[:m], child.sample_hashes[m:]
         parent.children[top.key[:P]] = top
         child.key = child.key[cut:]
         child.blocks = child.blocks[m:]
@@ -310,7 +310,7 @@ class RadixTree:
             if node.page_hashes is not None:  # the kept pages keep their hashes
                 node.page_hashes = node.page_hashes[: (n - k) * 8]
             if node.sample_hashes is not None:
-                node.sample_hashes = node.sample_hashes[:, : n - k]
+                node.sample_hashes = node.sample_hashes[: n - k]
             self._count(-k, -k)
             return freed  # same priority, still a leaf: its index entries stay valid
         freed = node.blocks
@@ -324,9 +324,9 @@ class RadixTree:
         node.blocks = freed[:0]
         node.blocks_encoded = node.blocks_list = None
         # Stale entries in the policy's orders hold the node until they are dropped or compacted
-        # away (five orders under guard): without its pages' bytes and hashes it is ~200 bytes.
+        # away (five orders under guard): without its pages' bytes, hashes and policy data it is ~300 bytes.
         node.key = b""
-        node.page_hashes = node.sample_hashes = None
+        node.page_hashes = node.sample_hashes = node.policy_data = node.tempo = None
         self.nodes -= 1
         self.pages -= n
         self.unpinned -= n

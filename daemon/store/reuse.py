@@ -180,7 +180,7 @@ class ReusePolicy(HeapPolicy):
         self.learner = learner if learner is not None else ReuseLearner()
         self.scoped = scoped
         # first page (in its namespace) -> class (-1: none), tick, end and gap of the last access of the evicted node
-        self._ghost = Ghost("qqqq")
+        self._ghost = Ghost("hqqq")  # a class fits 16 bits: (GAP_BUCKETS + 1) x (len(SIZE_BUCKETS) + 2)
         self._now = 0  # latest tick seen
 
     def describe(self) -> dict:

@@ -1,0 +1,91 @@
+"""What the guard keeps stays within its structural bounds, and the memory tool measures every component.
+
+No byte counts here (they move with the interpreter): only what the structures may hold.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from pfxcache.daemon.store import MemoryArena, PrefixStore
+from pfxcache.daemon.store.guard import PageSampler, _mix, _unmix
+from pfxcache.tools import policy_memory
+from pfxcache.tools.replay import replay_requests
+
+from test_replay import B
+from test_reuse_policy import chatty_trace
+
+
+def guard_store(capacity: int = 64) -> PrefixStore:
+    tick = itertools.count(1)
+    store = PrefixStore(MemoryArena(1, capacity), page_size=B, shards=4, policy="guard",
+                        clock=lambda: float(next(tick)), lease_ttl_ms=0)
+    replay_requests(store, chatty_trace(requests=600), B, capacity)
+    return store
+
+
+def test_unmix_undoes_mix():
+    x = np.random.default_rng(15).integers(0, 2**64, 10_000, dtype=np.uint64, endpoint=False)
+    x[:3] = (0, 1, 2**64 - 1)
+    assert np.array_equal(_unmix(_mix(x.copy())), x)
+
+
+def test_cached_identities_are_the_path_hashes():
+    """Each node keeps only its pages' identities (one uint64 a page; splits and trims cut them with the
+    pages): the path's identities from them equal a fresh hash of the whole path."""
+    store = guard_store()
+    sampler = store._index.all._sampler
+    checked = 0
+    for rec in store._ns.values():
+        for tree in rec.trees.values():
+            for node in tree.subtree(tree.root):
+                if node.sample_hashes is None or node.parent is None:
+                    continue
+                assert node.sample_hashes.ndim == 1 and len(node.sample_hashes) == len(node.blocks)
+                path = []
+                up = node
+                while up.parent is not None:
+                    path.append(up.key)
+                    up = up.parent
+                key = b"".join(reversed(path))
+                fresh = sampler.hash_pages(key, 0, sampler.seed(tree.scope))
+                assert np.array_equal(sampler.path_hashes(tree.scope, node), fresh)
+                checked += 1
+    assert checked > 10
+
+
+def test_evicted_nodes_keep_no_pages():
+    """Stale order entries may still hold an evicted node: it holds none of its pages' bytes or hashes."""
+    store = guard_store()
+    assert store.evictions > 100
+    guard = store._index.all
+    evicted = [e[-1] for order in guard.orders.values() for part in policy_memory._entry_lists(order)
+               for e in part if e[-1].parent is None]
+    assert evicted
+    for node in evicted:
+        assert node.key == b"" and not node.blocks
+        assert node.sample_hashes is None and node.page_hashes is None
+        assert node.policy_data is None and node.tempo is None
+
+
+def test_guard_orders_share_one_number_per_push():
+    """The five orders number each push alike: one int object for all five entries of a push."""
+    store = guard_store()
+    guard = store._index.all
+    assert all(order._seq is guard._seq for order in guard.orders.values())
+    seq_at = {"lru": -3, "lfu": -3, "reuse": -3, "hybrid": -3, "tempo": 1}  # where each order's entries keep it
+    live = {name: {id(e[-1]): e[seq_at[name]] for e in order._entries()} if name in ("lru", "lfu", "reuse")
+            else {id(e[-1]): e[seq_at[name]] for heap in order._buckets for e in heap if e[-2] == e[-1].version}
+            for name, order in guard.orders.items()}
+    assert len(live["lru"]) == guard.live > 10
+    for name, entries in live.items():
+        assert entries.keys() == live["lru"].keys()
+        assert all(entries[node] is live["lru"][node] for node in entries)
+
+
+def test_measure_sizes_every_component():
+    row = policy_memory.measure(chatty_trace(requests=300), "guard", 64, B)
+    assert set(policy_memory.COMPONENTS) <= set(row)
+    assert 0 < row["pages"] <= 64 and row["ghost_entries"] > 0 and row["miniature_pages"] <= 5 * 64
+    assert all(row[c] >= 0 for c in policy_memory.COMPONENTS)
