@@ -172,7 +172,8 @@ class LHDPolicy:
     def __init__(self, model: HitDensityModel | None = None, scoped: bool = False) -> None:
         self.model = model if model is not None else HitDensityModel()
         self.scoped = scoped
-        self._entries: list[tuple] = []  # (node, version, seq): live while version is the node's
+        # (seq, version, node), laid out as the heap policies' entries: live while version is the node's
+        self._candidates: list[tuple] = []
         self._seq = 0
         self.live = 0
         self._rng = random.Random(SEED)
@@ -207,55 +208,62 @@ class LHDPolicy:
                     explorer = (prev is not None and prev[3]) or self._rng.random() * EXPLORE_ONE_IN < 1.0
                     model.explorers += explorer
                 node.lhd = (classify(node.freq, len(node.blocks), turns), node.freq, turns, explorer)
-        self._entries.append((node, node.version, self._seq))
+        self._candidates.append((self._seq, node.version, node))
         self._seq += 1
         self.live += 1
 
     def drop(self) -> None:
         self.live -= 1
-        if len(self._entries) > 2 * self.live + _COMPACT_SLACK:
-            self._entries = [e for e in self._entries if e[1] == e[0].version]
+        if len(self._candidates) > 2 * self.live + _COMPACT_SLACK:
+            self._candidates = [e for e in self._candidates if e[1] == e[2].version]
 
     def peek(self, now: float):
-        """The least dense of SAMPLES drawn candidates (ages in the model's ticks, not ``now``)."""
+        """The least dense of SAMPLES drawn candidates, or of all when there are no more (ages in the model's
+        ticks, not ``now``: the same in process and through the daemon)."""
         if self.live <= 0:
             return None
-        entries = self._entries
-        model = self.model
-        table = model.table
-        clock = model.now
-        reach = EXPLORE_REACH * model.eviction_age
+        candidates = self._candidates
+        if self.live <= SAMPLES:  # few: every one of them, no draws
+            if len(candidates) > self.live:
+                candidates[:] = [e for e in candidates if e[1] == e[2].version]
+            return min(candidates, key=self._rank)[2]
+        rank = self._rank
         rand = self._rng.random
-        best = None
-        best_key = None
-        draws = SAMPLES if self.live > SAMPLES else self.live
-        while draws > 0 and entries:
-            i = int(rand() * len(entries))
-            node, version, _ = entry = entries[i]
-            if version != node.version:  # stale: out in O(1)
-                last = entries.pop()
-                if i < len(entries):
-                    entries[i] = last
+        best = best_key = None
+        draws = SAMPLES
+        while draws > 0 and candidates:
+            i = int(rand() * len(candidates))
+            entry = candidates[i]
+            if entry[1] != entry[2].version:  # stale: out in O(1)
+                last = candidates.pop()
+                if i < len(candidates):
+                    candidates[i] = last
                 continue
             draws -= 1
-            age = clock - node.tick
-            data = node.lhd
-            if data is None:
-                density = 0.0
-            elif data[3] and age < reach:
-                density = _PROTECTED  # a young explorer: only if every drawn candidate is one
-            else:
-                density = table[data[0]][age_bucket(age)]
-            key = (density, -age, entry[2])
+            key = rank(entry)
             if best_key is None or key < best_key:
-                best, best_key = node, key
+                best, best_key = entry[2], key
         return best
 
+    def _rank(self, entry: tuple) -> tuple:
+        """(hit density, -age, push number) of a live entry: the smallest goes first."""
+        seq, _, node = entry
+        model = self.model
+        age = model.now - node.tick
+        data = node.lhd
+        if data is None:
+            density = 0.0
+        elif data[3] and age < EXPLORE_REACH * model.eviction_age:
+            density = _PROTECTED  # a young explorer: only when every candidate weighed is one
+        else:
+            density = model.table[data[0]][age_bucket(age)]
+        return (density, -age, seq)
+
     def nodes(self) -> list:
-        return [e[0] for e in self._entries if e[1] == e[0].version]
+        return [e[2] for e in self._candidates if e[1] == e[2].version]
 
     def pushed(self) -> list:
-        return [e[0] for e in sorted(self._entries, key=lambda e: e[2]) if e[1] == e[0].version]
+        return [e[2] for e in sorted(self._candidates) if e[1] == e[2].version]
 
     def evicted(self, node, whole: bool) -> None:
         """A ``whole`` evicted leaf counts as an eviction at its age (a trimmed one is still there)."""

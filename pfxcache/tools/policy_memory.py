@@ -101,7 +101,7 @@ def breakdown(store) -> dict[str, int]:
     for tree in trees:  # (its index is the policy's: sized below)
         out["tree"] += sizer.shallow(tree) + sizer.shallow(tree.__dict__)
     for node in nodes:
-        out["node policy data"] += sizer.size(node.policy_data, node.tempo)
+        out["node policy data"] += sizer.size(node.policy_data, node.tempo, node.lhd)
         hashes = node.sample_hashes
         if hashes is not None:
             out["sample hashes"] += sizer.shallow(hashes) + sizer.size(_base(hashes))
@@ -140,7 +140,7 @@ def _entry_lists(order) -> list:
     own = getattr(order, "orders", None)
     if own is not None:  # a guard's namespace instance: its experts' orders
         return [part for sub in own.values() for part in _entry_lists(sub)]
-    parts = [getattr(order, name) for name in ("_heap", "_run") if hasattr(order, name)]
+    parts = [getattr(order, name) for name in ("_heap", "_run", "_candidates") if hasattr(order, name)]
     parts += list(getattr(order, "_buckets", ()))
     return parts
 

@@ -1,0 +1,195 @@
+"""What Belady keeps that LRU loses, and what knowing it would be worth: a hindsight study of one workload.
+
+Page-granular caches of ``--fraction`` x the workload's distinct pages, each
+request handled as replay does (look up the longest cached prefix, store the
+rest, never evict a page of the request being stored), under three rules:
+
+* ``lru``: the least recently used page first (deepest first within a
+  request: a prefix outlives its continuations, as in the store);
+* ``belady``: the page used again farthest in the future (replay's bound);
+* ``told H``: LRU, except that a page not used again within H requests of
+  its access goes before every page that is: an LRU told, in hindsight,
+  only *whether* each page comes back soon, not when.
+
+Then the pages Belady hits and LRU misses, by the requests since the page's
+previous access (its reuse gap) and by what that access was: the same path
+on (``through``: a conversation's earlier turn, or a prompt's repeat), a
+request that ended on the page (``ended``), a request that went on
+differently (``diverged``: a shared prefix). And how well what the cache can
+see predicts a return: per request, the share whose last page comes back
+within H requests, by the pages it added and by its turn (how many earlier
+requests it continues).
+
+    python -m pfxcache.tools.hindsight                    # the shared trace at 4 %
+    python -m pfxcache.tools.hindsight --workload chat --fraction 0.005 --horizons 256,1024
+"""
+
+from __future__ import annotations
+
+import heapq
+import sys
+from collections import Counter
+
+from . import replay, workloads
+from .common import tool_parser
+
+NEVER = 1 << 62
+
+
+def next_uses(chains: list[list[int]]) -> list[list[int]]:
+    """nxt[i][d]: the next request after i holding chains[i][d] (NEVER if none)."""
+    seen: dict[int, int] = {}
+    nxt: list[list[int]] = [[] for _ in chains]
+    for i in range(len(chains) - 1, -1, -1):
+        chain = chains[i]
+        nxt[i] = [seen.get(p, NEVER) for p in chain]
+        for p in chain:
+            seen[p] = i
+    return nxt
+
+
+def simulate(chains: list[list[int]], nxt: list[list[int]], capacity: int, rank) -> list[int]:
+    """Pages hit per request under the rule ``rank(i, d, next use)``: the smallest key is evicted first.
+
+    Keys are fixed at each access (every rule here ranks by what was known then).
+    """
+    cached: dict[int, tuple] = {}  # page -> the key of its valid heap entry
+    heap: list[tuple] = []
+    hits = []
+    for i, chain in enumerate(chains):
+        chain = chain[:capacity]
+        k = 0
+        while k < len(chain) and chain[k] in cached:
+            k += 1
+        hits.append(k)
+        pinned = set(chain)
+        for d in range(k):
+            key = (*rank(i, d, nxt[i][d]), chain[d])
+            cached[chain[d]] = key
+            heapq.heappush(heap, key)
+        need = len(cached) + (len(chain) - k) - capacity
+        aside = []
+        while need > 0:
+            key = heapq.heappop(heap)
+            page = key[-1]
+            if cached.get(page) != key:
+                continue  # stale
+            if page in pinned:
+                aside.append(key)
+                continue
+            del cached[page]
+            need -= 1
+        for key in aside:
+            heapq.heappush(heap, key)
+        for d in range(k, len(chain)):
+            key = (*rank(i, d, nxt[i][d]), chain[d])
+            cached[chain[d]] = key
+            heapq.heappush(heap, key)
+        if len(heap) > 4 * len(cached) + 1024:
+            heap = list(cached.values())
+            heapq.heapify(heap)
+    return hits
+
+
+def _octave(n: int) -> str:
+    return "never" if n < 0 else f"{1 << (n.bit_length() - 1)}-" if n else "0"
+
+
+def previous_accesses(chains: list[list[int]]) -> list[list[tuple[int, str]]]:
+    """Per request and page: (requests since the page's previous access or -1, what that access was)."""
+    last: dict[int, int] = {}
+    out = []
+    for i, chain in enumerate(chains):
+        row = []
+        for d, p in enumerate(chain):
+            j = last.get(p)
+            if j is None:
+                row.append((-1, "first"))
+            else:
+                before = chains[j]
+                if d + 1 >= len(before):
+                    kind = "ended"
+                elif d + 1 < len(chain) and before[d + 1] == chain[d + 1]:
+                    kind = "through"
+                else:
+                    kind = "diverged"
+                row.append((i - j, kind))
+            last[p] = i
+        out.append(row)
+    return out
+
+
+def returns(chains: list[list[int]], nxt: list[list[int]], horizon: int) -> dict[str, Counter]:
+    """Per request: does its last page come back within ``horizon`` requests, by pages added and by turn."""
+    seen: set[int] = set()
+    ends: dict[int, int] = {}  # a request's last page -> its turn
+    by: dict[str, Counter] = {"pages added": Counter(), "turn": Counter()}
+    for i, chain in enumerate(chains):
+        if not chain:
+            continue
+        added = sum(1 for p in chain if p not in seen)
+        seen.update(chain)
+        turn = next((ends[p] + 1 for p in reversed(chain[:-1]) if p in ends), 0)
+        ends[chain[-1]] = turn
+        back = nxt[i][-1] - i <= horizon
+        for name, value in (("pages added", _octave(added)), ("turn", str(min(turn, 6)) + ("+" if turn >= 6 else ""))):
+            by[name][(value, back)] += 1
+    return by
+
+
+def study(name: str, fraction: float, horizons: list[int], seed: int = 1) -> dict:
+    trace = workloads.SUITE[name](seed)
+    chains = replay.page_chains(trace, trace.block_tokens)
+    distinct = len({p for chain in chains for p in chain})
+    capacity = max(16, round(distinct * fraction))
+    nxt = next_uses(chains)
+    runs = {"lru": simulate(chains, nxt, capacity, lambda i, d, nu: (i, -d)),
+            "belady": simulate(chains, nxt, capacity, lambda i, d, nu: (-nu, -d))}
+    for h in horizons:
+        runs[f"told {h}"] = simulate(chains, nxt, capacity, lambda i, d, nu, h=h: (nu - i <= h, i, -d))
+    prev = previous_accesses(chains)
+    gaps: Counter = Counter()
+    kinds: Counter = Counter()
+    for i, row in enumerate(prev):
+        for d in range(runs["lru"][i], runs["belady"][i]):
+            gap, kind = row[d]
+            gaps[_octave(gap)] += 1
+            kinds[kind] += 1
+    return {"workload": name, "requests": len(chains), "distinct": distinct, "capacity": capacity,
+            "hit_pages": {k: sum(v) for k, v in runs.items()}, "gaps": gaps, "kinds": kinds,
+            "returns": returns(chains, nxt, max(horizons))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = tool_parser("hindsight", __doc__)
+    parser.add_argument("--workload", default="trace", choices=sorted(workloads.SUITE), help="suite workload")
+    parser.add_argument("--fraction", type=float, default=0.04, help="capacity, share of distinct pages")
+    parser.add_argument("--horizons", default="512,1024,2048,4096", help="requests, for the told rules")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    horizons = [int(h) for h in args.horizons.split(",") if h.strip()]
+    r = study(args.workload, args.fraction, horizons, args.seed)
+    hits = r["hit_pages"]
+    print(f"{r['workload']}: {r['requests']:,} requests, {r['distinct']:,} distinct pages, "
+          f"capacity {r['capacity']:,} pages ({args.fraction:.1%})")
+    print("hit pages, and ratio to lru (page-granular caches)")
+    for rule, n in hits.items():
+        print(f"  {rule:<12} {n:>9,}  {n / max(hits['lru'], 1):5.2f}x")
+    extra = sum(r["gaps"].values())
+    print(f"pages belady hits and lru misses: {extra:,}; by the requests since their previous access")
+    for gap, n in sorted(r["gaps"].items(), key=lambda kv: int(kv[0].rstrip("-")) if kv[0][0].isdigit() else -1):
+        print(f"  {gap:>8} {n:>9,}  {n / max(extra, 1):5.1%}")
+    print("... and by what that access was")
+    for kind, n in r["kinds"].most_common():
+        print(f"  {kind:>8} {n:>9,}  {n / max(extra, 1):5.1%}")
+    print(f"requests whose last page comes back within {max(horizons)} requests")
+    for name, counts in r["returns"].items():
+        values = sorted({v for v, _ in counts}, key=lambda v: (len(v), v))
+        cells = [f"{v} {counts[(v, True)] / (counts[(v, True)] + counts[(v, False)]):.2f} "
+                 f"(n {counts[(v, True)] + counts[(v, False)]:,})" for v in values]
+        print(f"  by {name}: " + ", ".join(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
