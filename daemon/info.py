@@ -113,6 +113,9 @@ def _memory(server: ServerState) -> Fields:
         ("used_memory_metadata", figures.metadata_bytes),
         ("used_memory_metadata_human", human_bytes(figures.metadata_bytes)),
         ("used_memory_metadata_per_page", f"{figures.metadata_per_page:.1f}"),
+        # the eviction policy's share of the metadata (an estimate from its structures' counts)
+        ("used_memory_policy", policy := server.prefix.store.policy_memory()),
+        ("used_memory_policy_human", human_bytes(policy)),
         ("total_system_memory", system),
         ("total_system_memory_human", human_bytes(system)),
         ("maxmemory", maxmemory),

@@ -8,8 +8,10 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import redis
 from pfxcache.daemon.store import MemoryArena, PrefixStore
 from pfxcache.daemon.store.guard import PageSampler, _mix, _unmix
+from pfxcache.testing import start_daemon
 from pfxcache.tools import policy_memory
 from pfxcache.tools.replay import replay_requests
 
@@ -89,3 +91,28 @@ def test_measure_sizes_every_component():
     assert set(policy_memory.COMPONENTS) <= set(row)
     assert 0 < row["pages"] <= 64 and row["ghost_entries"] > 0 and row["miniature_pages"] <= 5 * 64
     assert all(row[c] >= 0 for c in policy_memory.COMPONENTS)
+
+
+def test_info_shows_the_policys_share_of_the_metadata():
+    """INFO memory's used_memory_policy: the guard's five orders, ghosts and miniatures count more than lru's
+    one order on the same requests, and a policy switch gives the new policy's figure."""
+    bb = 1024
+    figures = {}
+    for policy in ("lru", "guard"):
+        daemon = start_daemon("--maxmemory", str(128 * bb), "--page-size", "4", "--block-bytes", str(bb),
+                              "--maxmemory-policy", policy, "--evict-low-watermark", "0")
+        client = redis.Redis(host=daemon.host, port=daemon.port)
+        try:
+            for i in range(300):  # more one-page sequences than blocks: evictions, ghosts
+                client.execute_command("PFXSET", "mem", "PACKED", np.array([i, 1, 2, 3], "<u4").tobytes(),
+                                       "DATA", bytes(bb))
+            info = client.info("memory")
+            figures[policy] = info["used_memory_policy"]
+            assert info["used_memory_policy_human"]
+            if policy == "guard":
+                client.config_set("maxmemory-policy", "lru")
+                assert client.info("memory")["used_memory_policy"] < figures["guard"]
+        finally:
+            client.close()
+            assert daemon.stop() == 0, daemon.log_text()
+    assert 0 < figures["lru"] < figures["guard"]

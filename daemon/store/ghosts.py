@@ -23,6 +23,7 @@ from collections import deque
 _SEQ_BITS = 32
 _SEQ_MASK = (1 << _SEQ_BITS) - 1
 _COMPACT_SLACK = 64
+ENTRY_BYTES = 165  # a dict entry, its int key and its record int (pfxcache.tools.policy_memory, CPython 3.11)
 
 
 class Ghost:
@@ -83,6 +84,10 @@ class Ghost:
                 entries[key] = (entries[key] >> _SEQ_BITS << _SEQ_BITS) | ((head + i) & _SEQ_MASK)
             self._order = deque(entries)
             self._seq = head + len(entries)
+
+    def memory_bytes(self) -> int:
+        """About what the ghost holds: per entry its dict entry, key and record ints, per slot 8 bytes."""
+        return len(self._entries) * ENTRY_BYTES + len(self._order) * 8
 
     def keys(self) -> list[int]:
         """The keys, oldest first (for tests and checks)."""

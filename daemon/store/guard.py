@@ -99,6 +99,10 @@ TRUST_PRIOR = 0.25  # ... counting this many cache-fulls of sampled pages as kep
 TRUST_HALFLIFE = 4096  # ... over sampled lookups that halve every this many (a distrusted expert is heard again)
 VETO_DECISIONS = 16  # ... for 16 decisions, twice as long each further time (64 kept trace 3 % on LRU while tempo led)
 
+# What INFO's used_memory_policy counts (pfxcache.tools.policy_memory measures them, CPython 3.11):
+MINI_NODE_BYTES = 520  # a miniature's node: the object, its key, blocks, children and ints
+SAMPLE_ARRAY_BYTES = 112  # a node's array of sampling identities, besides its 8 bytes a page
+
 _MASK32 = np.uint64(0xFFFFFFFF)
 _DEPTH_CHUNK = 4096  # depth multipliers are made in chunks, each from its own seed (deterministic)
 
@@ -262,6 +266,11 @@ class MiniCache:
         self.totals = Totals()
         self.trees: dict[bytes, RadixTree] = {}
 
+    def memory_bytes(self) -> int:
+        """About what the miniature holds: its nodes and its policy's orders, ghost and node data."""
+        nodes = sum(tree.nodes for tree in self.trees.values())
+        return nodes * MINI_NODE_BYTES + self.index.all.memory_bytes(nodes, self.totals.pages)
+
     def _tree(self, scope: bytes) -> RadixTree:
         tree = self.trees.get(scope)
         if tree is None:
@@ -382,6 +391,10 @@ class _Orders:
 
     def nodes(self) -> list:
         return self.orders["lru"].nodes()
+
+    def memory_bytes(self, nodes: int, pages: int) -> int:
+        """The experts' orders and node data (INFO's used_memory_policy)."""
+        return sum(order.memory_bytes(nodes, pages) for order in self._all if hasattr(order, "memory_bytes"))
 
     def pushed(self) -> list:
         return self.orders["lru"].pushed()
@@ -546,6 +559,11 @@ class GuardPolicy(_Orders):
         self.switches += 1
         # no veto until the cache has been refilled under the new order, twice: its hits meanwhile are the switch's
         self._turnover = VETO_TURNOVERS * self._mini_pages
+
+    def memory_bytes(self, nodes: int, pages: int) -> int:
+        """Orders, node data, the pages' sampling identities and the miniatures (INFO's used_memory_policy)."""
+        sampled = pages * 8 + nodes * SAMPLE_ARRAY_BYTES if self._sampler is not None else 0
+        return super().memory_bytes(nodes, pages) + sampled + sum(m.memory_bytes() for m in self.minis.values())
 
     def describe(self) -> dict:
         """What INFO and PFXINFO show: who drives, what the miniatures saw, and what reuse learned."""

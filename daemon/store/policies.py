@@ -33,6 +33,9 @@ from collections import OrderedDict, deque
 
 _COMPACT_SLACK = 64
 HYBRID_BUCKETS = 33  # freq.bit_length() of 0 .. 2**32-1, capped
+# What INFO's used_memory_policy counts per entry of an order (its tuple, list slot and push
+# number; stale entries too), as pfxcache.tools.policy_memory measures it on CPython 3.11
+ORDER_ENTRY_BYTES = 100
 
 
 class SharedSeq:
@@ -147,6 +150,10 @@ class HeapPolicy:
         """The indexed (valid) nodes in the order they were pushed."""
         return [e[-1] for e in sorted(self._entries(), key=lambda e: e[-3])]
 
+    def memory_bytes(self, nodes: int, pages: int) -> int:
+        """About what the policy holds for a store of ``nodes`` nodes and ``pages`` pages (INFO)."""
+        return (len(self._heap) + len(self._run)) * ORDER_ENTRY_BYTES
+
 
 class LRUPolicy(HeapPolicy):
     """Least recently used first."""
@@ -226,6 +233,10 @@ class BucketedHeaps:
         entries = sorted((e for heap in self._buckets for e in heap), key=lambda e: e[1])
         return [e[-1] for e in entries if e[-2] == e[-1].version]
 
+    def memory_bytes(self, nodes: int, pages: int) -> int:
+        """About what the policy holds (see HeapPolicy.memory_bytes)."""
+        return self._entries * ORDER_ENTRY_BYTES
+
 
 class HybridPolicy(BucketedHeaps):
     """Evict the highest age / (freq + 1) (the seed article's score).
@@ -258,10 +269,11 @@ class HybridPolicy(BucketedHeaps):
 
 GHOST_MIN = 4096  # ghost entries kept at least (first-page hashes of evicted leaves)
 GHOST_PER_LEAF = 4  # ... and up to this many per indexed leaf
-GHOST_MAX = 1 << 18  # ... but never more (about 25 MB of dict per policy instance)
+GHOST_MAX = 1 << 18  # ... but never more (ghost's ~25 MB; reuse's and tempo's packed records ~45 MB each)
 THRASH_ALPHA = 0.01  # weight of one observation in the thrashing estimate (an EWMA)
 THRASH_ON = 0.5  # insert cold leaves at the LRU end while the estimate is above this
 BIMODAL_SHARE = 1 << 27  # crc32 below this (1 in 32 leaves) still goes in at the MRU end
+GHOST_POLICY_ENTRY_BYTES = 100  # an OrderedDict entry of an int key and None
 
 
 class GhostPolicy(HeapPolicy):
@@ -323,6 +335,9 @@ class GhostPolicy(HeapPolicy):
                 key = self._floor
         self._enqueue((key, next(self._seq), node.version, node))
         self.live += 1
+
+    def memory_bytes(self, nodes: int, pages: int) -> int:
+        return super().memory_bytes(nodes, pages) + len(self._ghost) * GHOST_POLICY_ENTRY_BYTES
 
     def peek(self, now: float):
         entry = self._top()
@@ -449,6 +464,16 @@ class EvictionIndex:
         """Policy-specific figures (what a learning policy has learned); empty for the others."""
         describe = getattr(self.all, "describe", None)
         return describe() if describe is not None else {}
+
+    def memory_bytes(self, nodes: int, pages: int) -> int:
+        """About what the policy holds globally and per namespace (INFO's used_memory_policy); 0 for a
+        policy that does not say."""
+        total = 0
+        for policy in (self.all, *self.scopes.values()):
+            estimate = getattr(policy, "memory_bytes", None)
+            if estimate is not None:
+                total += estimate(nodes, pages) if policy is self.all else estimate(0, 0)
+        return total
 
     def best(self, now: float, scope: bytes | None = None):
         """The next victim, globally or within one scope; None when nothing is evictable."""

@@ -28,6 +28,7 @@ BOOST_MAX = 4.0  # ... the lift (p_c / p - 1) counts up to this
 BOOST_Z = 2.0  # ... and only when 2 standard deviations above average: no boosts for noise
 PENALTY_SCALE = 1.0  # a class significantly below average goes PENALTY_SCALE x K x (p_c / p - 1) earlier
 SHRINK_WEIGHT = 1.0  # boosts shrink as K / (K + eviction age): a large cache keeps things long anyway
+ACCESS_BYTES = 112  # a node's Access and its key float (INFO's used_memory_policy)
 
 
 def _gap_bucket(gap: int) -> int:
@@ -194,6 +195,10 @@ class ReusePolicy(HeapPolicy):
             "reuse_penalized_classes": sum(1 for b in boost if b < 0),
             "reuse_ghost_entries": len(self._ghost),
         }
+
+    def memory_bytes(self, nodes: int, pages: int) -> int:
+        """Orders, ghost and the Access of every node (see HeapPolicy.memory_bytes)."""
+        return super().memory_bytes(nodes, pages) + self._ghost.memory_bytes() + nodes * ACCESS_BYTES
 
     def for_scope(self) -> ReusePolicy:
         """The instance for one namespace's index: same keys, no learning."""

@@ -57,6 +57,7 @@ OVERDUE = 2.0  # how fast an overdue leaf's score grows with age / pace
 SMOOTH = 0.5  # weight of the newest gap in a conversation's pace (log space)
 MIN_SHARE = 0.02  # new content's pace: its typical return gap / the share that returns, at least this share
 HALFLIFE = 2048  # new leaves after which the counts of new content weigh half
+PACE_BYTES = 104  # a node's tuple and its pace float (INFO's used_memory_policy)
 
 
 def _bucket(pace: float) -> int:
@@ -121,6 +122,10 @@ class TempoPolicy(BucketedHeaps):
 
     def describe(self) -> dict:
         return {"tempo_new_content_pace_ticks": round(self.model.default()), "tempo_ghost_entries": len(self._ghost)}
+
+    def memory_bytes(self, nodes: int, pages: int) -> int:
+        """Buckets, ghost and every node's tuple (see policies.HeapPolicy.memory_bytes)."""
+        return super().memory_bytes(nodes, pages) + self._ghost.memory_bytes() + nodes * PACE_BYTES
 
     @staticmethod
     def _page_key(scope: bytes, page: bytes, depth: int) -> int:

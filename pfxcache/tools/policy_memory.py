@@ -40,6 +40,7 @@ from pfxcache.tools.common import progress_bar
 
 COMPONENTS = ("tree", "node policy data", "sample hashes", "orders", "evicted nodes", "ghosts", "miniatures",
               "rest")
+POLICY_COMPONENTS = ("node policy data", "sample hashes", "orders", "evicted nodes", "ghosts", "miniatures")
 _NODE_OWN = ("key", "blocks", "blocks_encoded", "blocks_list", "children", "page_hashes", "last_access", "freq",
              "gap", "tick", "version", "lock_ref", "evictable")  # what any policy's node holds
 
@@ -177,6 +178,9 @@ def measure(trace, policy: str, capacity: int, page_size: int | None = None) -> 
     sized = sum(parts.values())
     result["unsized"] = total - sized
     result.update(_policy_counts(store))
+    # the policy's own (everything but the tree and the rest) against what INFO's used_memory_policy says
+    result["policy_bytes"] = sum(parts[c] for c in POLICY_COMPONENTS)
+    result["info_policy_bytes"] = store.policy_memory()
     arena.close()
     return result
 
