@@ -20,7 +20,7 @@ this order:
 ``extra`` is a policy's total minus lru's, per cached page and as a share of lru's total (the
 store's metadata under lru). The components are sized by walking the objects
 (``sys.getsizeof`` and ``gc.get_referents``), so they add up to the total within the
-allocator's rounding; ``unsized`` is the difference.
+allocator's rounding; ``unsized`` is the difference (what no walk from the store reaches).
 
     python -m pfxcache.tools.policy_memory [--workloads trace,agentic] [--capacities 1000,30000]
         [--policies lru,guard] [--json]
@@ -225,7 +225,8 @@ def compare(workloads: list[str], capacities: list[int], policies: list[str], qu
 
 def _table(rows: list[dict]) -> str:
     mb = 1e6
-    head = ["workload", "pages/tok", "policy", "cached", "total MB", "extra", "B/page", *COMPONENTS, "unsized"]
+    head = ["workload", "pages/tok", "policy", "cached", "total MB", "extra", "B/page", *COMPONENTS, "unsized",
+            "INFO's estimate"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         extra = f"{r['extra_bytes'] / mb:+.1f} MB {100 * r['extra_share']:+.0f}%" if "extra_bytes" in r else ""
@@ -233,7 +234,7 @@ def _table(rows: list[dict]) -> str:
         lines.append(" | ".join([
             r["workload"], f"{r['capacity']}/{r['page_tokens']}", r["policy"], str(r["pages"]),
             f"{r['total'] / mb:.1f}", extra, per, *(f"{r[c] / mb:.2f}" for c in COMPONENTS),
-            f"{r['unsized'] / mb:.2f}"]))
+            f"{r['unsized'] / mb:.2f}", f"{r['info_policy_bytes'] / mb:.2f}"]))
     return "\n".join(lines)
 
 
