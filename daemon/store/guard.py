@@ -117,18 +117,21 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x
 
 
-_UNMUL1 = np.uint64(pow(0xBF58476D1CE4E5B9, -1, 2**64))
-_UNMUL2 = np.uint64(pow(0x94D049BB133111EB, -1, 2**64))
+_MASK64 = (1 << 64) - 1
+_UNMUL1 = pow(0xBF58476D1CE4E5B9, -1, 1 << 64)
+_UNMUL2 = pow(0x94D049BB133111EB, -1, 1 << 64)
 
 
-def _unmix(x: np.ndarray) -> np.ndarray:
-    """_mix undone, in place (each step is a bijection of uint64): a page's running sum from its identity."""
-    x ^= (x >> np.uint64(31)) ^ (x >> np.uint64(62))
-    x *= _UNMUL2
-    x ^= (x >> np.uint64(27)) ^ (x >> np.uint64(54))
-    x *= _UNMUL1
-    x ^= (x >> np.uint64(30)) ^ (x >> np.uint64(60))
-    return x
+def _unmix(x: int) -> int:
+    """_mix undone on one value (each step is a bijection of uint64): a page's running sum from its identity.
+
+    Python ints, not numpy: on one value a numpy step costs microseconds, and lookups call this.
+    """
+    x ^= (x >> 31) ^ (x >> 62)
+    x = (x * _UNMUL2) & _MASK64
+    x ^= (x >> 27) ^ (x >> 54)
+    x = (x * _UNMUL1) & _MASK64
+    return x ^ (x >> 30) ^ (x >> 60)
 
 
 class PageSampler:
@@ -173,7 +176,7 @@ class PageSampler:
     @staticmethod
     def carry_after(ids: np.ndarray) -> np.uint64:
         """The running sum after the last of the pages with identities ``ids`` (at least one)."""
-        return _unmix(ids[-1:].copy())[0]
+        return np.uint64(_unmix(int(ids[-1])))
 
     def path_hashes(self, scope: bytes, node) -> np.ndarray:
         """hash_pages() of the path from the root to radix node ``node``, from the hashes cached on its nodes.
