@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 
 import pytest
 from pfxcache.tools import replay, suite, workloads
@@ -75,3 +76,17 @@ def test_suite_reports_ratios_to_lru_and_belady(monkeypatch, capsys):
     run = suite.run_workload("chat", ["lru", "guard"], [0.05])
     (cap,) = run["capacities"]
     assert run["results"]["belady"][cap] >= run["results"]["lru"][cap] > 0
+
+
+def test_suite_judges_a_trace_of_yours_apart(tmp_path, capsys):
+    """--trace: a user's file (here the chat workload saved as Mooncake JSONL) in its own "external" group."""
+    path = tmp_path / "mine.jsonl"
+    replay.save_trace(workloads.chat(3, requests=400, block_tokens=512), path)
+    assert suite.main(["--trace", str(path), "--policies", "lru,tempo", "--fractions", "0.05,0.2",
+                       "--no-plot", "--quiet", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (run,) = report["runs"]
+    assert run["workload"] == "mine" and run["page_size"] == 512 and list(report["summary"]) == ["external"]
+    assert report["summary"]["external"]["lru"]["geomean"] == 1.0
+    with pytest.raises(SystemExit):
+        suite.main(["--trace", str(tmp_path / "absent.jsonl"), "--no-plot", "--quiet"])

@@ -17,6 +17,11 @@ LRU (where there is room to win).
     scripts/suite                                    # both halves, lru,lfu,hybrid,ghost,reuse,tempo,guard
     scripts/suite --half held-out --policies lru,guard
     scripts/suite --workloads chat,scans --fractions 0.01,0.05 --json
+    scripts/suite --trace their.jsonl --trace kv-cache-tester/traces   # traces of yours, in any replay format
+
+A trace given with ``--trace`` (any format scripts/replay reads, its block
+size as its own) is judged the same way, in a third group, "external": traces
+no design here saw.
 
 The plot (ratio to LRU against capacity, one panel per workload) goes to
 scripts/out/suite.png. ``scripts/suite`` runs this module under .venv.
@@ -28,6 +33,7 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 
 from . import replay, workloads
 from .common import OUT, command_line, progress_bar, save_plot, shown, tool_parser
@@ -43,9 +49,13 @@ def capacities(chains: list[list[int]], fractions) -> list[int]:
     return [max(16, round(distinct * f)) for f in fractions]
 
 
-def run_workload(name: str, policies: list[str], fractions, seed: int = 1, quiet: bool = True) -> dict:
-    """{"capacities": [...], "requests", "distinct_pages", "results": {policy or "belady": {cap: hit_rate}}}."""
-    trace = workloads.SUITE[name](seed)
+def run_workload(name: str, policies: list[str], fractions, seed: int = 1, quiet: bool = True,
+                 trace: replay.Trace | None = None) -> dict:
+    """{"capacities": [...], "requests", "distinct_pages", "results": {policy or "belady": {cap: hit_rate}}}.
+
+    ``trace``: replay this one (a file given with --trace) instead of the suite's workload ``name``.
+    """
+    trace = trace if trace is not None else workloads.SUITE[name](seed)
     page_size = trace.block_tokens
     chains = replay.page_chains(trace, page_size)
     caps = capacities(chains, fractions)
@@ -130,7 +140,9 @@ def plot(runs: list[dict], policies: list[str], path, title: str) -> object:
         ax.axhline(0.99, color="red", linewidth=0.6)
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_title(f"{run['workload']} ({'tuning' if run['workload'] in workloads.TUNING else 'held out'})",
+        group = ("tuning" if run["workload"] in workloads.TUNING else
+                 "held out" if run["workload"] in workloads.HELD_OUT else "external")
+        ax.set_title(f"{run['workload']} ({group})",
                      fontsize=9)
         ax.set_xlabel("capacity (pages)", fontsize=8)
         ax.set_ylabel("hit rate / lru's", fontsize=8)
@@ -154,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--no-plot", action="store_true", help="do not write scripts/out/suite.png")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--trace", action="append", default=[], metavar="PATH",
+                        help="also a trace file or directory of yours (any scripts/replay format; repeatable): "
+                             "only these when no --workloads/--half is given")
     args = parser.parse_args(argv)
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -168,15 +183,25 @@ def main(argv: list[str] | None = None) -> int:
         for w in names:
             if w not in workloads.SUITE:
                 parser.error(f"unknown workload {w!r}")
+    elif args.trace and "--half" not in (argv if argv is not None else sys.argv[1:]):
+        names = []
     else:
         names = {"tuning": list(workloads.TUNING), "held-out": list(workloads.HELD_OUT),
                  "all": [*workloads.TUNING, *workloads.HELD_OUT]}[args.half]
-    bar = progress_bar(len(names), "workloads", "workload", quiet=args.quiet)
+    external = {}
+    for path in map(Path, args.trace):
+        if not path.exists():
+            parser.error(f"no trace at {path}")
+        try:
+            external[f"{path.stem}"] = replay.read_trace([path], "auto", False)
+        except replay.TraceFormatError as exc:
+            parser.error(str(exc))
+    bar = progress_bar(len(names) + len(external), "workloads", "workload", quiet=args.quiet)
     started = time.perf_counter()
     runs = []
-    for name in names:
+    for name in [*names, *external]:
         bar.set_postfix_str(name)
-        run = run_workload(name, policies, fractions, args.seed)
+        run = run_workload(name, policies, fractions, args.seed, trace=external.get(name))
         run["fractions"] = fractions
         runs.append(run)
         bar.update(1)
@@ -184,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     command = command_line("suite", argv)
     halves = [(title, [r for r in runs if r["workload"] in half])
               for title, half in (("tuning", workloads.TUNING), ("held-out", workloads.HELD_OUT))]
-    halves += [("other", [r for r in runs if r["workload"] not in (*workloads.TUNING, *workloads.HELD_OUT)])]
+    halves += [("external" if external else "other",
+                [r for r in runs if r["workload"] not in (*workloads.TUNING, *workloads.HELD_OUT)])]
     halves = [(t, rs) for t, rs in halves if rs]
     plot_path = None if args.no_plot else plot(runs, policies, OUT / "suite.png", command)
     if args.json:
