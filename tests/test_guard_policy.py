@@ -202,36 +202,3 @@ def test_every_expert_driving_keeps_pins_and_evicts_leaves_only(expert, monkeypa
             assert store.check() == []
     assert store.check() == [] and store.policy_state()["guard_driver"] == expert
     assert store.evictions > 0
-
-
-class LyingMiniCache(MiniCache):
-    """A miniature that claims every page it is shown was a hit: an expert whose simulation misleads."""
-
-    def access(self, scope: bytes, ids: bytes) -> int:
-        super().access(scope, ids)
-        return min(len(ids) // 4, self.capacity)
-
-
-def replay_with_liar(trace, capacity, liar=None):
-    tick = itertools.count(1)
-    store = PrefixStore(MemoryArena(1, capacity), page_size=B, shards=1, policy="guard",
-                        clock=lambda: float(next(tick)), lease_ttl_ms=0)
-    guard = store._index.all
-    if liar is not None:
-        guard.minis[liar] = LyingMiniCache(EXPERTS[liar], guard.minis[liar].capacity)
-        guard._minis = tuple(guard.minis.items())
-    return replay.replay_requests(store, trace, B, capacity), store
-
-
-@pytest.mark.parametrize("liar", ["reuse", "tempo"])
-@pytest.mark.parametrize("capacity", [16, 20])
-def test_a_miniature_that_lies_is_not_believed_for_long(liar, capacity):
-    """The real cache's hits while the liar drove mark its miniature down to what it delivered: at least LRU's
-    hits, not a veto, a sit-out and the liar back again (0.94x-0.95x LRU before the miniatures were marked down)."""
-    trace = fooling_trace()
-    lru = replay.replay_store(trace, "lru", capacity, B, quiet=True)["hit_tokens"]
-    hit, store = replay_with_liar(trace, capacity, liar)
-    state = store.policy_state()
-    assert hit >= 0.98 * lru, (hit / lru, state)
-    assert state[f"guard_{liar}_trust"] < 0.8, state
-    assert store.check() == []

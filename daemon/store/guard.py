@@ -48,17 +48,8 @@ since the switch, against the miniatures' capacity): until then the real
 cache still holds what the previous order kept, and its hits are the
 switch's cost, not the driver's (that burst came 5 decisions after the
 switch to tempo; every miniature, tempo's too, hit it better than the real
-cache did: no veto there, 1.33x, tempo alone 1.34x).
-
-And each expert is judged by what it delivered, as LeCaR and Cacheus judge
-theirs by regret: while an expert drives (settled, as for the veto), the
-real cache's hits on the sampled pages are set against its miniature's; when
-they fall short by TRUST_Z standard deviations and TRUST_MARGIN, its
-miniature's hits count only at the share delivered (TRUST_PRIOR cache-fulls
-count as kept promises; the tally halves every TRUST_HALFLIFE sampled
-lookups). A miniature that misleads then no longer wins the arena back after
-each veto. The constants were chosen on the tuning half of the
-suite (pfxcache.tools.workloads.TUNING) and the fooling workload's tests.
+cache did: no veto there, 1.33x, tempo alone 1.34x). The constants were chosen on the tuning half of the
+suite (pfxcache.tools.workloads.TUNING) and the fooling workload's test.
 
 Costs: per lookup and store, one vectorised hash of the prompt (numpy,
 O(tokens)) and the miniature caches' own O(log n) steps on the sampled pages;
@@ -93,10 +84,6 @@ SWITCH_Z = 1.0  # ... and by this many standard deviations of the difference (hi
 VETO_MARGIN = 0.01  # the real cache more than 1 % below the LRU miniature: LRU takes over ...
 VETO_Z = 2.0  # ... and by this many standard deviations (a veto on noise handed a winning expert's arena to LRU)
 VETO_TURNOVERS = 2.0  # ... but not before the driver has refilled the cache twice (a switch costs hits for a while)
-TRUST_Z = 2.0  # an expert's miniature is marked down to what the real cache hit while it drove, when that fell ...
-TRUST_MARGIN = 0.02  # ... short of the promise by these many standard deviations and this share
-TRUST_PRIOR = 0.25  # ... counting this many cache-fulls of sampled pages as kept promises (no verdict on a few)
-TRUST_HALFLIFE = 4096  # ... over sampled lookups that halve every this many (a distrusted expert is heard again)
 VETO_DECISIONS = 16  # ... for 16 decisions, twice as long each further time (64 kept trace 3 % on LRU while tempo led)
 
 # What INFO's used_memory_policy counts (pfxcache.tools.policy_memory measures them, CPython 3.11):
@@ -444,8 +431,6 @@ class GuardPolicy(_Orders):
         self._veto_left = 0
         self._veto_length = VETO_DECISIONS
         self._turnover = 0.0  # sampled pages still to be stored anew before a veto may judge the driver
-        self._drove = {name: [0.0, 0.0] for name in EXPERTS}  # [real hits, its miniature's] while it drove, settled
-        self._driver_before = 0.0  # hits[driver] after the last decision
         self._sampled_before = self._real_before = 0.0  # self.sampled and hits["real"] after the last decision
         self._last: tuple[bytes, bytes] | None = None  # the latest lookup's pages: their store is simulated
         # ... and their sample (ids, depths): a function of (scope, pages) alone, so a hot prompt
@@ -513,16 +498,11 @@ class GuardPolicy(_Orders):
         current = self.driving
         if self._turnover > 0:  # the sampled pages missed since the last decision were stored anew
             self._turnover -= (self.sampled - self._sampled_before) - (hits["real"] - self._real_before)
-        if self._turnover <= 0:  # settled: what the real cache hit while the driver drove, against its promise
-            drove = self._drove[current]
-            drove[0] += hits["real"] - self._real_before
-            drove[1] += hits[current] - self._driver_before
-        score = {name: hits[name] * self._trust(name) for name in EXPERTS}
-        best = max(EXPERTS, key=score.__getitem__)  # on a tie the first in EXPERTS: lru
+        best = max(EXPERTS, key=hits.__getitem__)  # on a tie the first in EXPERTS: lru
         if self._veto_left:
             self._veto_left -= 1
-        elif best != current and score[best] > (1.0 + (BACK_MARGIN if best == "lru" else MARGIN)) * score[current] \
-                and score[best] - score[current] > SWITCH_Z * math.sqrt(score[best] + score[current]):
+        elif best != current and hits[best] > (1.0 + (BACK_MARGIN if best == "lru" else MARGIN)) * hits[current] \
+                and hits[best] - hits[current] > SWITCH_Z * math.sqrt(hits[best] + hits[current]):
             self._drive(best)
         elif current != "lru" and self._turnover <= 0 and hits["real"] < (1.0 - VETO_MARGIN) * hits["lru"] \
                 and hits["lru"] - hits["real"] > VETO_Z * math.sqrt(hits["lru"] + hits["real"]):
@@ -537,25 +517,6 @@ class GuardPolicy(_Orders):
         self.sampled *= decay
         self._sampled_before = self.sampled
         self._real_before = hits["real"]
-        self._driver_before = hits[self.driving]
-        decay = 0.5 ** (DECIDE_EVERY / TRUST_HALFLIFE)
-        for drove in self._drove.values():
-            drove[0] *= decay
-            drove[1] *= decay
-
-    def _trust(self, name: str) -> float:
-        """The share of its miniature's hits an expert delivered in the real cache while it drove (1: all, or noise).
-
-        A miniature can promise what its expert does not deliver at full size (or at all: one that
-        claims every page a hit, in tests/test_guard_policy.py); the veto then hands LRU the arena
-        for a while, but the same expert took it back after each sit-out (0.94x-0.96x LRU on the
-        fooling workload with a lying miniature; marked down, 0.97x-1.01x).
-        """
-        real, promised = self._drove[name]
-        if promised - real <= TRUST_Z * math.sqrt(real + promised) or real >= (1.0 - TRUST_MARGIN) * promised:
-            return 1.0
-        prior = TRUST_PRIOR * self._mini_pages
-        return (real + prior) / (promised + prior)
 
     def _drive(self, name: str) -> None:
         self.driving = name
@@ -576,7 +537,6 @@ class GuardPolicy(_Orders):
             "guard_sample_rate": round(self.rate, 6),
             "guard_sampled_lookups": self.lookups,
             **{f"guard_{name}_hit_share": round(self.hits[name] / sampled, 4) for name in (*EXPERTS, "real")},
-            **{f"guard_{name}_trust": round(self._trust(name), 4) for name in EXPERTS},
             "guard_switches": self.switches,
             "guard_vetoes": self.vetoes,
             **self.reuse.describe(),
