@@ -161,7 +161,7 @@ DIRECTIVES: tuple[Directive, ...] = (
         "reserved at startup and cut into maxmemory / block-bytes blocks.",
     ),
     Directive(
-        name="maxmemory-policy", kind=Enum(("lru", "lfu", "hybrid", "ghost", "reuse", "tempo", "lhd", "guard", "noeviction"),
+        name="maxmemory-policy", kind=Enum(("lru", "lfu", "hybrid", "ghost", "reuse", "tempo", "lhd", "odds", "guard", "noeviction"),
                                               synonyms=_REDIS_POLICIES), default="guard",
         doc="Which unpinned leaf pages go first when blocks are needed: lru (least recently "
         "used), lfu (least frequently used, then least recent), hybrid (highest "
@@ -173,7 +173,9 @@ DIRECTIVES: tuple[Directive, ...] = (
         "conversation kept as long as its own pace of turns says it comes back: the "
         "slowest and the long overdue go first), lhd (the least hit density: hits per "
         "tick expected from a leaf's age on, learned per class of hits, pages and turns "
-        "from what became of earlier leaves, among 32 drawn candidates), guard (the "
+        "from what became of earlier leaves, among 32 drawn candidates), odds (LRU, each "
+        "leaf held longer by the learned share of leaves like it, by pages added and turn, "
+        "that came back), guard (the "
         "default: the order of whichever of lru, lfu, reuse, hybrid and tempo hit most in "
         "miniature simulations of a sample of the pages, LRU's as soon as the cache "
         "falls behind what LRU would hit), noeviction (never evict: writes "

@@ -68,6 +68,7 @@ class Node:
         "last_access",
         "lhd",
         "lock_ref",
+        "odds",
         "parent",
         "policy_data",
         "sample_hashes",
@@ -101,6 +102,7 @@ class Node:
         self.page_hashes = None  # KV events: the pages' block hashes, 8 bytes each (block_hashes.py)
         self.sample_hashes = None  # guard's sampling identities of the pages, a uint64 array (guard.py)
         self.tempo = None  # the tempo policy's (pace, freq) of the latest access (tempo.py)
+        self.odds = None  # the odds policy's (class, freq, turn, came back) (odds.py)
         self.lhd = None  # the lhd policy's (class, freq, turns, explorer) as of its latest push (lhd.py)
 
     @property
@@ -326,7 +328,7 @@ class RadixTree:
         # Stale entries in the policy's orders hold the node until they are dropped or compacted
         # away (five orders under guard): without its pages' bytes, hashes and policy data it is ~300 bytes.
         node.key = b""
-        node.page_hashes = node.sample_hashes = node.policy_data = node.tempo = node.lhd = None
+        node.page_hashes = node.sample_hashes = node.policy_data = node.tempo = node.lhd = node.odds = None
         self.nodes -= 1
         self.pages -= n
         self.unpinned -= n

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from .guard import GuardPolicy
 from .lhd import LHDPolicy
+from .odds import OddsPolicy
 from .policies import GhostPolicy, HybridPolicy, LFUPolicy, LRUPolicy
 from .reuse import ReusePolicy
 from .tempo import TempoPolicy
 
-POLICIES = {cls.name: cls for cls in (LRUPolicy, LFUPolicy, HybridPolicy, GhostPolicy, ReusePolicy, TempoPolicy, LHDPolicy, GuardPolicy)}
+POLICIES = {cls.name: cls for cls in (LRUPolicy, LFUPolicy, HybridPolicy, GhostPolicy, ReusePolicy, TempoPolicy, LHDPolicy, OddsPolicy, GuardPolicy)}

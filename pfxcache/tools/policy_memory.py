@@ -102,7 +102,7 @@ def breakdown(store) -> dict[str, int]:
     for tree in trees:  # (its index is the policy's: sized below)
         out["tree"] += sizer.shallow(tree) + sizer.shallow(tree.__dict__)
     for node in nodes:
-        out["node policy data"] += sizer.size(node.policy_data, node.tempo, node.lhd)
+        out["node policy data"] += sizer.size(node.policy_data, node.tempo, node.lhd, node.odds)
         hashes = node.sample_hashes
         if hashes is not None:
             out["sample hashes"] += sizer.shallow(hashes) + sizer.size(_base(hashes))

@@ -1,0 +1,119 @@
+"""The odds eviction policy: LRU shifted by the learned odds of return per class; pins, leaf first, replays agree."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+from pfxcache.daemon.store import MemoryArena, OutOfMemory, PrefixStore
+from pfxcache.daemon.store.odds import OddsPolicy, classify
+from pfxcache.daemon.store.registry import POLICIES
+
+from test_replay import B, replay
+from test_reuse_policy import chatty_trace
+from test_tempo_policy import NS, PAGE, ticking_store, tokens, turn
+
+
+@pytest.fixture(scope="module")
+def chatty():
+    return chatty_trace()
+
+
+def test_registered_and_selectable():
+    assert POLICIES["odds"] is OddsPolicy
+    store = ticking_store(8, "lru")
+    store.insert(NS, tokens(1, 2))
+    store.match(NS, tokens(1, 2), lease=False)
+    store.set_policy("odds")
+    assert store.policy == "odds" and store.check() == []
+    assert set(store.policy_state()) == {"odds_return_share", "odds_turnover_ticks", "odds_ghost_entries"}
+
+
+def test_untrained_it_is_lru():
+    """Nothing came back yet: every boost is 0 and the order is LRU's."""
+    for policy in ("lru", "odds"):
+        store = ticking_store(6, policy)
+        for k in range(1, 7):
+            store.insert(NS, tokens(100 + k))
+        store.insert(NS, tokens(200))  # one page too many: the oldest goes
+        assert store.cached_tokens(NS, tokens(101)) == 0 and store.cached_tokens(NS, tokens(102)) == PAGE
+
+
+def test_a_conversation_back_after_eviction_continues_its_turns():
+    """The ghost knows an evicted leaf by its end: the conversation that brings it back is at its next turn,
+    and what it adds is only the pages past that end."""
+    store = ticking_store(64, "odds")
+    policy = store._index.all
+    talk = [1, 2, 10]
+    for k in range(3):  # three turns
+        talk.append(20 + k)
+        turn(store, tokens(*talk))
+    store.evict_pages(NS, store.stats(NS)["pages"])
+    assert store.stats(NS)["pages"] == 0 and len(policy._ghost) > 0
+    talk += [30, 31]
+    assert turn(store, tokens(*talk)) == 0  # a miss, but a return through the ghost
+    leaf = store._ns[NS].trees[0].root
+    while leaf.children:
+        (leaf,) = leaf.children.values()
+    assert leaf.odds[2] >= 3 and leaf.odds[0] == classify(2, leaf.odds[2])  # a later turn, two pages added
+    assert store.check() == []
+
+
+def test_keeps_conversations_that_come_back_where_lru_loses_them(chatty):
+    lru = replay.replay_store(chatty, "lru", 64, B, quiet=True)["hit_tokens"]
+    got = replay.replay_store(chatty, "odds", 64, B, quiet=True)["hit_tokens"]
+    assert got > 1.3 * lru
+
+
+def test_store_and_daemon_modes_agree(chatty):
+    trace = replay.Trace("chatty", chatty.requests[:1200], B)
+    store = replay.replay_store(trace, "odds", 64, B, quiet=True)
+    daemon = replay.DaemonRunner(None, 16).run(trace, "odds", 64, B, 16, quiet=True)
+    assert store["hit_tokens"] == daemon["hit_tokens"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_never_evicts_pinned_pages_and_stays_consistent(seed):
+    rng = random.Random(seed)
+    trace = chatty_trace(requests=600, seed=seed)
+    tick = itertools.count(1)
+    store = PrefixStore(MemoryArena(1, 40), page_size=B, shards=2, policy="odds",
+                        clock=lambda: float(next(tick)), lease_ttl_ms=0)
+    leases = {}
+    for step, req in enumerate(trace.requests):
+        packed = replay.whole_pages(trace, req, B, 40)[0].tobytes()
+        ns = NS if step % 7 else b"other"  # a second namespace: each gets its own index
+        m = store.match(ns, packed, lease=True, owner=1)
+        if m.lease_id:
+            leases[m.lease_id] = (ns, packed[: m.matched_tokens * 4])
+        try:
+            store.insert(ns, packed, offset=m.matched_tokens, owner=1)
+        except OutOfMemory:  # everything left may be pinned
+            pass
+        while len(leases) > rng.randrange(1, 5):
+            lease_id = rng.choice(list(leases))
+            del leases[lease_id]
+            store.release(lease_id, 1)
+        if rng.random() < 0.05:  # PFXEVICT on the namespace: its own index, the global boosts
+            store.evict_pages(NS, rng.randrange(1, 6))
+        if rng.random() < 0.01:  # an unleased lookup: the hit leaf is re-indexed at once
+            store.match(ns, packed, lease=False)
+        for leased_ns, toks in leases.values():  # leased pages stay cached
+            assert store.cached_tokens(leased_ns, toks) * 4 >= len(toks)
+        if step % 100 == 0:
+            assert store.check() == []
+    assert store.check() == []
+    assert any(store._index.all.model.boost)  # boosts were in play
+
+
+def test_evicts_leaves_first():
+    """A shared prefix outlives its continuations, however likely they are to come back."""
+    store = ticking_store(12, "odds")
+    base = [1, 2, 3, 4]
+    for k in range(40):
+        turn(store, tokens(*base, 100 + 2 * k, 101 + 2 * k))
+        if k % 3 == 0:
+            turn(store, tokens(*base, 100 + 2 * k, 101 + 2 * k, 500 + k))
+        assert store.cached_tokens(NS, tokens(*base)) == 4 * PAGE
+        assert store.check() == []
