@@ -51,6 +51,8 @@ import random
 
 import numpy as np
 
+from .policies import ORDER_ENTRY_BYTES
+
 SAMPLES = 32  # candidates drawn per eviction (LHD's associativity)
 RECOMPUTE = 512  # events (hits, evictions) between two recomputations of the densities
 DECAY = 0.9  # ... each of which weighs the histograms down by this (workloads drift)
@@ -63,6 +65,7 @@ MAX_BITS = 26  # ages up to 2**26 ticks; older ones share the last bucket
 AGE_BUCKETS = 8 + 4 * (MAX_BITS - 3)
 MIN_EVENTS = 32.0  # a class with fewer (weighted) events ranks by the pooled densities
 _COMPACT_SLACK = 64
+NODE_BYTES = 72  # Node.lhd, a 4-tuple (INFO's used_memory_policy; policy_memory measures it)
 EXPLORE_ONE_IN = 32  # a new leaf (a new conversation) explores with probability 1 / 32 ...
 EXPLORE_SHARE = 0.05  # ... while explorers are at most 5 % of the candidates ...
 EXPLORE_REACH = 4.0  # ... and it is not evicted before 4 x the typical eviction age (unless all drawn are)
@@ -88,6 +91,8 @@ def _bucket_edges() -> np.ndarray:
 
 
 _PROTECTED = float("inf")
+# two float histograms and the densities as lists of Python floats
+TABLE_BYTES = CLASSES * AGE_BUCKETS * (2 * 8 + 8 + 24)
 _EDGES = _bucket_edges()
 _WIDTHS = np.diff(_EDGES)
 
@@ -184,6 +189,11 @@ class LHDPolicy:
 
     def describe(self) -> dict:
         return {"lhd_recomputations": self.model.epoch}
+
+    def memory_bytes(self, nodes: int, pages: int) -> int:
+        """Candidate entries, every node's tuple and (globally) the histograms and densities (INFO)."""
+        own = len(self._candidates) * ORDER_ENTRY_BYTES + nodes * NODE_BYTES
+        return own if self.scoped else own + TABLE_BYTES
 
     # -- the candidate set ---------------------------------------------------------------------
 

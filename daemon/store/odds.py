@@ -49,7 +49,9 @@ HORIZON = 8.0  # "came back": within HORIZON turnovers
 HALFLIFE = 4096  # new leaves after which counts weigh half
 MIN_STARTS = 16.0  # a class with fewer (weighted) leaves gets the pooled share
 LEARN_EVERY = 64  # new leaves between recomputations of the boosts
-EVICTION_AGE_WEIGHT = 0.01  # EWMA weight of one evicted leaf's age in the typical one
+EVICTION_AGE_WEIGHT = 0.01
+GHOST_ENTRY_BYTES = 260  # an OrderedDict entry: key int, (class, tick, turn) (policy_memory measures ~260)
+NODE_BYTES = 72  # Node.odds, a 4-tuple  # EWMA weight of one evicted leaf's age in the typical one
 
 
 def classify(pages: int, turn: int) -> int:
@@ -143,6 +145,10 @@ class OddsPolicy(HeapPolicy):
         total = sum(m.starts)
         return {"odds_return_share": round(sum(m.returns) / total, 4) if total else 0.0,
                 "odds_turnover_ticks": round(m.turnover()), "odds_ghost_entries": len(self._ghost)}
+
+    def memory_bytes(self, nodes: int, pages: int) -> int:
+        """Heap entries, ghost and every node's tuple (see policies.HeapPolicy.memory_bytes)."""
+        return super().memory_bytes(nodes, pages) + len(self._ghost) * GHOST_ENTRY_BYTES + nodes * NODE_BYTES
 
     def key(self, node) -> tuple:  # (HeapPolicy's push uses it)
         data = node.odds
