@@ -2,10 +2,11 @@
 
 ``reuse`` and ``tempo`` keep a few fields per evicted leaf (its last access tick, what it had
 learned), keyed by a crc32 of one of its pages, and forget the oldest beyond a bound. An
-OrderedDict of tuples does that in about 270 bytes an entry (the ordered dict's links, the
+OrderedDict of tuples does that in about 250–270 bytes an entry (the ordered dict's links, the
 tuple, a Python object per field); here the fields are packed into one int with the entry's
 insertion number (``struct`` bytes, so floats come back bit for bit), and the age order is a
-deque of keys: ~100 bytes an entry, the same entries forgotten in the same order.
+deque of keys: ~150–180 bytes an entry with the dict's slack and the deque's stale slots
+(pfxcache.tools.policy_memory), the same entries forgotten in the same order.
 
 A key put again, or popped, leaves its old deque slot behind; a slot is the live one only
 when the entry's number matches its position, so the oldest live entry is still found
