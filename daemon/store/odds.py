@@ -37,8 +37,8 @@ tuple per node (``Node.odds``), the ghost, two arrays of CLASSES counts.
 from __future__ import annotations
 
 import zlib
-from collections import OrderedDict
 
+from .ghosts import Ghost
 from .policies import GHOST_MAX, GHOST_MIN, GHOST_PER_LEAF, HeapPolicy
 
 PAGE_CLASSES = 9  # log2 buckets of pages added: 1, 2-3, .. 128+ (and 0)
@@ -50,7 +50,6 @@ HALFLIFE = 4096  # new leaves after which counts weigh half
 MIN_STARTS = 16.0  # a class with fewer (weighted) leaves gets the pooled share
 LEARN_EVERY = 64  # new leaves between recomputations of the boosts
 EVICTION_AGE_WEIGHT = 0.01
-GHOST_ENTRY_BYTES = 260  # an OrderedDict entry: key int, (class, tick, turn) (policy_memory measures ~260)
 NODE_BYTES = 72  # Node.odds, a 4-tuple  # EWMA weight of one evicted leaf's age in the typical one
 
 
@@ -129,8 +128,8 @@ class OddsPolicy(HeapPolicy):
         super().__init__()
         self.model = model if model is not None else OddsModel()
         self.scoped = scoped
-        # the end of an evicted leaf (last page, namespace) -> (class, last access tick, turn)
-        self._ghost: OrderedDict[int, tuple[int, int, int]] = OrderedDict()
+        # the end of an evicted leaf (crc32 of its last page and namespace) -> (class, last access tick, turn)
+        self._ghost = Ghost("qqq")
 
     @classmethod
     def for_store(cls, capacity: int, page_bytes: int) -> OddsPolicy:
@@ -148,7 +147,7 @@ class OddsPolicy(HeapPolicy):
 
     def memory_bytes(self, nodes: int, pages: int) -> int:
         """Heap entries, ghost and every node's tuple (see policies.HeapPolicy.memory_bytes)."""
-        return super().memory_bytes(nodes, pages) + len(self._ghost) * GHOST_ENTRY_BYTES + nodes * NODE_BYTES
+        return super().memory_bytes(nodes, pages) + self._ghost.memory_bytes() + nodes * NODE_BYTES
 
     def key(self, node) -> tuple:  # (HeapPolicy's push uses it)
         data = node.odds
@@ -198,7 +197,7 @@ class OddsPolicy(HeapPolicy):
         pop = ghost.pop
         end = len(key)
         for start in range(end - P, -1, -P):
-            seen = pop(crc32(key[start : start + P], seed), None)
+            seen = pop(crc32(key[start : start + P], seed))
             if seen is not None:
                 return (*seen, (end - start) // P - 1)
         return None
@@ -216,8 +215,5 @@ class OddsPolicy(HeapPolicy):
         tree = node.tree
         h = zlib.crc32(node.key[-tree.page_bytes :], zlib.crc32(tree.scope))
         ghost = self._ghost
-        ghost[h] = (data[0], node.tick, data[2])
-        ghost.move_to_end(h)
-        limit = max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX))
-        while len(ghost) > limit:
-            ghost.popitem(last=False)
+        ghost.put(h, data[0], node.tick, data[2])
+        ghost.trim(max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX)))
