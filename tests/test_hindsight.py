@@ -23,6 +23,7 @@ def test_page_lru_is_the_store_lru_and_belady_bounds_the_told_rules():
 
 
 def test_study_reports_what_belady_keeps():
-    r = hindsight.study("chat", 0.005, [256])
+    r = hindsight.study("chat", 0.005, [256], weights=(500,))
     assert r["hit_pages"]["belady"] >= r["hit_pages"]["told 256"] >= r["hit_pages"]["lru"]
+    assert r["hit_pages"]["belady"] >= r["hit_pages"]["shares 500"]
     assert sum(r["gaps"].values()) == sum(r["kinds"].values()) > 0

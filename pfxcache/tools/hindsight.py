@@ -9,7 +9,12 @@ rest, never evict a page of the request being stored), under three rules:
 * ``belady``: the page used again farthest in the future (replay's bound);
 * ``told H``: LRU, except that a page not used again within H requests of
   its access goes before every page that is: an LRU told, in hindsight,
-  only *whether* each page comes back soon, not when.
+  only *whether* each page comes back soon, not when;
+* ``shares W``: LRU with each page's key (the request that last accessed
+  it) moved W requests later per unit of the share of requests of that
+  request's class (pages added, turn) whose last page comes back within the
+  largest H, counted over the whole workload: what a policy that learned
+  those shares perfectly could get from them.
 
 Then the pages Belady hits and LRU misses, by the requests since the page's
 previous access (its reuse gap) and by what that access was: the same path
@@ -51,11 +56,26 @@ def next_uses(chains: list[list[int]]) -> list[list[int]]:
 def simulate(chains: list[list[int]], nxt: list[list[int]], capacity: int, rank) -> list[int]:
     """Pages hit per request under the rule ``rank(i, d, next use)``: the smallest key is evicted first.
 
-    Keys are fixed at each access (every rule here ranks by what was known then).
+    Keys are fixed at each access (every rule here ranks by what was known then). Only leaves go, as
+    in the store: a page with a cached page below it waits until that one is evicted (rules whose keys
+    are not ordered along paths, as ``shares``, would otherwise strand pages nothing can reach).
     """
     cached: dict[int, tuple] = {}  # page -> the key of its valid heap entry
+    parent: dict[int, int] = {}  # page -> the page before it (-1 at the root)
+    below: dict[int, int] = {}  # cached page -> its cached pages one deeper
+    blocked: dict[int, tuple] = {}  # popped while it had pages below: back in the heap when they are gone
     heap: list[tuple] = []
     hits = []
+
+    def cache(page: int, key: tuple, up: int) -> None:
+        if page not in cached:
+            parent[page] = up
+            if up >= 0:
+                below[up] = below.get(up, 0) + 1
+        cached[page] = key
+        blocked.pop(page, None)
+        heapq.heappush(heap, key)
+
     for i, chain in enumerate(chains):
         chain = chain[:capacity]
         k = 0
@@ -64,12 +84,11 @@ def simulate(chains: list[list[int]], nxt: list[list[int]], capacity: int, rank)
         hits.append(k)
         pinned = set(chain)
         for d in range(k):
-            key = (*rank(i, d, nxt[i][d]), chain[d])
-            cached[chain[d]] = key
-            heapq.heappush(heap, key)
-        need = len(cached) + (len(chain) - k) - capacity
+            cache(chain[d], (*rank(i, d, nxt[i][d]), chain[d]), chain[d - 1] if d else -1)
+        new = sum(1 for p in chain[k:] if p not in cached)
+        need = len(cached) + new - capacity
         aside = []
-        while need > 0:
+        while need > 0 and heap:
             key = heapq.heappop(heap)
             page = key[-1]
             if cached.get(page) != key:
@@ -77,16 +96,23 @@ def simulate(chains: list[list[int]], nxt: list[list[int]], capacity: int, rank)
             if page in pinned:
                 aside.append(key)
                 continue
+            if below.get(page):
+                blocked[page] = key
+                continue
             del cached[page]
+            below.pop(page, None)
+            up = parent.pop(page)
+            if up >= 0:
+                below[up] -= 1
+                if not below[up] and up in blocked:
+                    heapq.heappush(heap, blocked.pop(up))
             need -= 1
         for key in aside:
             heapq.heappush(heap, key)
         for d in range(k, len(chain)):
-            key = (*rank(i, d, nxt[i][d]), chain[d])
-            cached[chain[d]] = key
-            heapq.heappush(heap, key)
+            cache(chain[d], (*rank(i, d, nxt[i][d]), chain[d]), chain[d - 1] if d else -1)
         if len(heap) > 4 * len(cached) + 1024:
-            heap = list(cached.values())
+            heap = [key for page, key in cached.items() if page not in blocked]
             heapq.heapify(heap)
     return hits
 
@@ -119,25 +145,33 @@ def previous_accesses(chains: list[list[int]]) -> list[list[tuple[int, str]]]:
     return out
 
 
-def returns(chains: list[list[int]], nxt: list[list[int]], horizon: int) -> dict[str, Counter]:
-    """Per request: does its last page come back within ``horizon`` requests, by pages added and by turn."""
+def classes(chains: list[list[int]]) -> list[tuple[str, str]]:
+    """Per request: (octave of the pages it added, its turn: how many earlier requests it continues, capped)."""
     seen: set[int] = set()
     ends: dict[int, int] = {}  # a request's last page -> its turn
-    by: dict[str, Counter] = {"pages added": Counter(), "turn": Counter()}
-    for i, chain in enumerate(chains):
-        if not chain:
-            continue
+    out = []
+    for chain in chains:
         added = sum(1 for p in chain if p not in seen)
         seen.update(chain)
-        turn = next((ends[p] + 1 for p in reversed(chain[:-1]) if p in ends), 0)
-        ends[chain[-1]] = turn
-        back = nxt[i][-1] - i <= horizon
-        for name, value in (("pages added", _octave(added)), ("turn", str(min(turn, 6)) + ("+" if turn >= 6 else ""))):
-            by[name][(value, back)] += 1
+        turn = next((ends[p] + 1 for p in reversed(chain[:-1]) if p in ends), 0) if chain else 0
+        if chain:
+            ends[chain[-1]] = turn
+        out.append((_octave(added), str(min(turn, 6)) + ("+" if turn >= 6 else "")))
+    return out
+
+
+def returns(chains: list[list[int]], nxt: list[list[int]], horizon: int) -> dict[str, Counter]:
+    """Per request: does its last page come back within ``horizon`` requests, by pages added and by turn."""
+    by: dict[str, Counter] = {"pages added": Counter(), "turn": Counter()}
+    for i, (added, turn) in enumerate(classes(chains)):
+        if chains[i]:
+            back = nxt[i][-1] - i <= horizon
+            by["pages added"][(added, back)] += 1
+            by["turn"][(turn, back)] += 1
     return by
 
 
-def study(name: str, fraction: float, horizons: list[int], seed: int = 1) -> dict:
+def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weights: tuple[int, ...] = ()) -> dict:
     trace = workloads.SUITE[name](seed)
     chains = replay.page_chains(trace, trace.block_tokens)
     distinct = len({p for chain in chains for p in chain})
@@ -147,6 +181,17 @@ def study(name: str, fraction: float, horizons: list[int], seed: int = 1) -> dic
             "belady": simulate(chains, nxt, capacity, lambda i, d, nu: (-nu, -d))}
     for h in horizons:
         runs[f"told {h}"] = simulate(chains, nxt, capacity, lambda i, d, nu, h=h: (nu - i <= h, i, -d))
+    if weights:
+        cls = classes(chains)
+        came = Counter()
+        total = Counter()
+        for i, chain in enumerate(chains):
+            if chain:
+                total[cls[i]] += 1
+                came[cls[i]] += nxt[i][-1] - i <= max(horizons)
+        share = [came[c] / total[c] if total[c] else 0.0 for c in cls]
+        for w in weights:
+            runs[f"shares {w}"] = simulate(chains, nxt, capacity, lambda i, d, nu, w=w: (i + w * share[i], -d))
     prev = previous_accesses(chains)
     gaps: Counter = Counter()
     kinds: Counter = Counter()
@@ -166,9 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fraction", type=float, default=0.04, help="capacity, share of distinct pages")
     parser.add_argument("--horizons", default="512,1024,2048,4096", help="requests, for the told rules")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--share-weights", default="1000,2000,4000",
+                        help="requests per unit of share, for the shares rules (empty: none)")
     args = parser.parse_args(argv)
     horizons = [int(h) for h in args.horizons.split(",") if h.strip()]
-    r = study(args.workload, args.fraction, horizons, args.seed)
+    weights = tuple(int(w) for w in args.share_weights.split(",") if w.strip())
+    r = study(args.workload, args.fraction, horizons, args.seed, weights)
     hits = r["hit_pages"]
     print(f"{r['workload']}: {r['requests']:,} requests, {r['distinct']:,} distinct pages, "
           f"capacity {r['capacity']:,} pages ({args.fraction:.1%})")
