@@ -53,6 +53,17 @@ class StoreFigures:
             "namespaces": sum(1 for rec in self._ns.values() if not rec.deleted),
         }
 
+    def policy_memory(self) -> int:
+        """About the bytes the eviction policy holds (orders, ghosts, miniatures, node data): INFO's
+        used_memory_policy, a share of the metadata the heap's growth already counts."""
+        indexes = {id(self._index): [self._index, 0, 0], **{id(p.index): [p.index, 0, 0] for p in self.parts}}
+        for rec in self._ns.values():
+            for tree in rec.trees.values():
+                counts = indexes[id(tree.index)]
+                counts[1] += tree.nodes
+                counts[2] += tree.pages
+        return sum(index.memory_bytes(nodes, pages) for index, nodes, pages in indexes.values())
+
     @property
     def allocator_bytes(self) -> int:
         """Bytes the block allocator holds (1 per block of state, plus the ids of returned blocks)."""

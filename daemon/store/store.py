@@ -682,17 +682,6 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas, StorePartitions):
         for index, candidates in self._candidates_by_index():  # one index per arena partition
             index.rebuild(POLICIES[name], candidates)
 
-    def policy_memory(self) -> int:
-        """About the bytes the eviction policy holds (orders, ghosts, miniatures, node data): INFO's
-        used_memory_policy, a share of the metadata the heap's growth already counts."""
-        indexes = {id(self._index): [self._index, 0, 0], **{id(p.index): [p.index, 0, 0] for p in self.parts}}
-        for rec in self._ns.values():
-            for tree in rec.trees.values():
-                counts = indexes[id(tree.index)]
-                counts[1] += tree.nodes
-                counts[2] += tree.pages
-        return sum(index.memory_bytes(nodes, pages) for index, nodes, pages in indexes.values())
-
     def policy_state(self) -> dict:
         """What the eviction policy has learned (empty unless it learns: see reuse.ReusePolicy.describe)."""
         return self._index.describe()
