@@ -16,7 +16,7 @@ from pfxcache.daemon.store.registry import POLICIES
 from pfxcache.tools import replay
 
 from test_replay import B
-from test_reuse_policy import chatty_trace
+from policy_support import chatty_trace, replay_under_leases
 
 NS = b"t"
 
@@ -116,32 +116,7 @@ def test_not_below_lru_where_reuse_is(capacity):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_never_evicts_pinned_pages_and_stays_consistent(seed):
-    rng = random.Random(seed)
-    trace = chatty_trace(requests=600, seed=seed)
-    tick = itertools.count(1)
-    store = PrefixStore(MemoryArena(1, 40), page_size=B, shards=2, policy="guard",
-                        clock=lambda: float(next(tick)), lease_ttl_ms=0)
-    leases = {}
-    for step, req in enumerate(trace.requests):
-        packed = replay.whole_pages(trace, req, B, 40)[0].tobytes()
-        m = store.match(NS, packed, lease=True, owner=1)
-        if m.lease_id:
-            leases[m.lease_id] = packed[: m.matched_tokens * 4]
-        try:
-            store.insert(NS, packed, offset=m.matched_tokens, owner=1)
-        except OutOfMemory:  # everything left may be pinned
-            pass
-        while len(leases) > rng.randrange(1, 5):
-            lease_id = rng.choice(list(leases))
-            del leases[lease_id]
-            store.release(lease_id, 1)
-        if rng.random() < 0.05:  # PFXEVICT on the namespace: its own index, the driver's order
-            store.evict_pages(NS, rng.randrange(1, 6))
-        for toks in leases.values():  # leased pages stay cached
-            assert store.cached_tokens(NS, toks) * 4 >= len(toks)
-        if step % 100 == 0:
-            assert store.check() == []
-    assert store.check() == []
+    store = replay_under_leases("guard", seed, unleased_lookups=False)
     assert store.policy_state()["guard_sampled_lookups"] > 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pfxcache.tools import hindsight, replay
 
 from test_replay import B
-from test_reuse_policy import chatty_trace
+from policy_support import chatty_trace
 
 
 def test_page_lru_is_the_store_lru_and_belady_bounds_the_told_rules():

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
-import random
-
 import pytest
-from pfxcache.daemon.store import MemoryArena, OutOfMemory, PrefixStore
 from pfxcache.daemon.store.odds import OddsPolicy, classify
 from pfxcache.daemon.store.registry import POLICIES
 
 from test_replay import B, replay
-from test_reuse_policy import chatty_trace
+from policy_support import chatty_trace, replay_under_leases
 from test_tempo_policy import NS, PAGE, ticking_store, tokens, turn
 
 
@@ -75,35 +71,7 @@ def test_store_and_daemon_modes_agree(chatty):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_never_evicts_pinned_pages_and_stays_consistent(seed):
-    rng = random.Random(seed)
-    trace = chatty_trace(requests=600, seed=seed)
-    tick = itertools.count(1)
-    store = PrefixStore(MemoryArena(1, 40), page_size=B, shards=2, policy="odds",
-                        clock=lambda: float(next(tick)), lease_ttl_ms=0)
-    leases = {}
-    for step, req in enumerate(trace.requests):
-        packed = replay.whole_pages(trace, req, B, 40)[0].tobytes()
-        ns = NS if step % 7 else b"other"  # a second namespace: each gets its own index
-        m = store.match(ns, packed, lease=True, owner=1)
-        if m.lease_id:
-            leases[m.lease_id] = (ns, packed[: m.matched_tokens * 4])
-        try:
-            store.insert(ns, packed, offset=m.matched_tokens, owner=1)
-        except OutOfMemory:  # everything left may be pinned
-            pass
-        while len(leases) > rng.randrange(1, 5):
-            lease_id = rng.choice(list(leases))
-            del leases[lease_id]
-            store.release(lease_id, 1)
-        if rng.random() < 0.05:  # PFXEVICT on the namespace: its own index, the global boosts
-            store.evict_pages(NS, rng.randrange(1, 6))
-        if rng.random() < 0.01:  # an unleased lookup: the hit leaf is re-indexed at once
-            store.match(ns, packed, lease=False)
-        for leased_ns, toks in leases.values():  # leased pages stay cached
-            assert store.cached_tokens(leased_ns, toks) * 4 >= len(toks)
-        if step % 100 == 0:
-            assert store.check() == []
-    assert store.check() == []
+    store = replay_under_leases("odds", seed, two_namespaces=True)
     assert any(store._index.all.model.boost)  # boosts were in play
 
 

@@ -10,13 +10,13 @@ import itertools
 import numpy as np
 import redis
 from pfxcache.daemon.store import MemoryArena, PrefixStore
-from pfxcache.daemon.store.guard import PageSampler, _mix, _unmix
+from pfxcache.daemon.store.guard import _mix, _unmix
 from pfxcache.testing import start_daemon
 from pfxcache.tools import policy_memory
 from pfxcache.tools.replay import replay_requests
 
 from test_replay import B
-from test_reuse_policy import chatty_trace
+from policy_support import chatty_trace
 
 
 def guard_store(capacity: int = 64) -> PrefixStore:

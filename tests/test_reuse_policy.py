@@ -15,40 +15,14 @@ import random
 import numpy as np
 import redis
 import pytest
-from pfxcache.daemon.store import MemoryArena, OutOfMemory, PrefixStore
+from pfxcache.daemon.store import MemoryArena, PrefixStore
 from pfxcache.daemon.store.registry import POLICIES
 from pfxcache.daemon.store.reuse import BOOST_MAX, BOOST_SCALE, LEARN_EVERY, ReuseLearner, ReusePolicy
 
 from test_replay import B, replay
+from policy_support import chatty_trace, replay_under_leases
 
 NS = b"t"
-
-
-def chatty_trace(requests: int = 2500, conversations: int = 8, gap: int = 40, seed: int = 1):
-    """Mooncake-format trace (blocks of B tokens): see the module docstring."""
-    rng = random.Random(seed)
-    ids = itertools.count(1)
-    convs = [[next(ids)] for _ in range(conversations)]
-    due = [rng.randrange(gap) for _ in range(conversations)]
-    out = []
-    talks = []  # indices of the conversations' requests
-    for i in range(requests):
-        ready = [k for k in range(conversations) if due[k] <= i]
-        if ready:
-            k = ready[0]
-            convs[k].append(next(ids))
-            if len(convs[k]) > 6:  # the conversation ends; a new one takes its place
-                convs[k] = [next(ids)]
-            hash_ids = [0, *convs[k]]
-            due[k] = i + gap + rng.randrange(-5, 6)
-            talks.append(i)
-        else:
-            hash_ids = [0, next(ids), next(ids), next(ids)]
-        out.append(replay.Request(NS.decode(), B * len(hash_ids) + B // 2, hash_ids=[*hash_ids, next(ids)],
-                                  timestamp=float(i)))
-    trace = replay.Trace("chatty", out, B)
-    trace.talks = talks
-    return trace
 
 
 @pytest.fixture(scope="module")
@@ -151,34 +125,7 @@ def test_namespace_eviction_follows_the_learned_keys(chatty):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_never_evicts_pinned_pages_and_stays_consistent(seed):
-    rng = random.Random(seed)
-    trace = chatty_trace(requests=600, seed=seed)
-    tick = itertools.count(1)
-    store = PrefixStore(MemoryArena(1, 40), page_size=B, shards=2, policy="reuse",
-                        clock=lambda: float(next(tick)), lease_ttl_ms=0)
-    leases = {}
-    for step, req in enumerate(trace.requests):
-        packed = replay.whole_pages(trace, req, B, 40)[0].tobytes()
-        m = store.match(NS, packed, lease=True, owner=1)
-        if m.lease_id:
-            leases[m.lease_id] = packed[: m.matched_tokens * 4]
-        try:
-            store.insert(NS, packed, offset=m.matched_tokens, owner=1)
-        except OutOfMemory:  # everything left may be pinned
-            pass
-        while len(leases) > rng.randrange(1, 5):
-            lease_id = rng.choice(list(leases))
-            del leases[lease_id]
-            store.release(lease_id, 1)
-        if rng.random() < 0.05:  # PFXEVICT on the namespace: its own index, the learned keys
-            store.evict_pages(NS, rng.randrange(1, 6))
-        if rng.random() < 0.01:  # an unleased lookup: the hit leaf is re-indexed at once
-            store.match(NS, packed, lease=False)
-        for toks in leases.values():  # leased pages stay cached
-            assert store.cached_tokens(NS, toks) * 4 >= len(toks)
-        if step % 100 == 0:
-            assert store.check() == []
-    assert store.check() == []
+    store = replay_under_leases("reuse", seed)
     assert any(store._index.all.learner.boost)  # checked while the learned keys were in play
 
 

@@ -437,6 +437,18 @@ def calls(admin, command: str) -> int:
     return admin.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)
 
 
+def loads_in_a_fresh_engine(daemon, a, **settings) -> None:
+    """Another engine with ``settings`` loads the 3 pages ``a`` stored for PROMPT, byte for byte, and leaves
+    no lease behind."""
+    b = Engine(daemon, **settings)
+    loaded, failed = b.run(request("r1", PROMPT), [9, 2, 12, 11])
+    assert loaded == 3 * 32 and not failed
+    for mine, theirs in zip((3, 6, 4), (9, 2, 12)):
+        assert all(torch.equal(x, y) for x, y in zip(a.logical(mine), b.logical(theirs)))
+    b.scheduler.finished(request("r1", PROMPT))
+    assert leases(daemon) == 0 and pfxcheck(daemon) == b"OK"
+
+
 def test_a_tenant_moves_pages_through_its_partition_over_the_unix_socket(partitioned):
     daemon, path, admin = partitioned
     a = Engine(daemon, url=f"unix://ta:pw@{path}", namespace="a:model")
@@ -446,13 +458,7 @@ def test_a_tenant_moves_pages_through_its_partition_over_the_unix_socket(partiti
     assert calls(admin, "pfxalloc") == 1 and a.scheduler.stats["store_bytes"] == 3 * GEOMETRY.block_bytes
     a.scheduler.finished(request("r1", PROMPT))
 
-    b = Engine(daemon, url=f"unix://ta:pw@{path}", namespace="a:model")
-    loaded, failed = b.run(request("r1", PROMPT), [9, 2, 12, 11])
-    assert loaded == 3 * 32 and not failed
-    for mine, theirs in zip((3, 6, 4), (9, 2, 12)):
-        assert all(torch.equal(x, y) for x, y in zip(a.logical(mine), b.logical(theirs)))
-    b.scheduler.finished(request("r1", PROMPT))
-    assert leases(daemon) == 0 and pfxcheck(daemon) == b"OK"
+    loads_in_a_fresh_engine(daemon, a, url=f"unix://ta:pw@{path}", namespace="a:model")
 
 
 def test_namespaces_outside_the_partitions_move_over_resp_with_the_same_url(partitioned):
@@ -461,13 +467,7 @@ def test_namespaces_outside_the_partitions_move_over_resp_with_the_same_url(part
     a.run(request("r1", PROMPT), [3, 6, 4, 8])
     assert a.scheduler.stats["stored_pages"] == 3 and calls(admin, "pfxalloc") == 0
     a.scheduler.finished(request("r1", PROMPT))
-    b = Engine(daemon, url=f"unix://taz:pw@{path}", namespace="z:model")
-    loaded, failed = b.run(request("r1", PROMPT), [9, 2, 12, 11])
-    assert loaded == 3 * 32 and not failed
-    for mine, theirs in zip((3, 6, 4), (9, 2, 12)):
-        assert all(torch.equal(x, y) for x, y in zip(a.logical(mine), b.logical(theirs)))
-    b.scheduler.finished(request("r1", PROMPT))
-    assert leases(daemon) == 0 and pfxcheck(daemon) == b"OK"
+    loads_in_a_fresh_engine(daemon, a, url=f"unix://taz:pw@{path}", namespace="z:model")
 
 
 def test_over_tcp_a_partitioned_arena_moves_pages_over_resp(partitioned):
