@@ -4,6 +4,7 @@ and replays in process and through the daemon agree to the token."""
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import numpy as np
@@ -28,7 +29,7 @@ def rates(trace, capacity, policies=("lru", "reuse", "guard")):
 def test_registered_and_selectable():
     assert POLICIES["guard"] is GuardPolicy
     store = PrefixStore(MemoryArena(1, 64), page_size=B, policy="guard")
-    assert store.policy == "guard" and store.policy_state()["guard_driver"] == "reuse"  # untrained, reuse is LRU
+    assert store.policy == "guard" and store.policy_state()["guard_driver"] == "lru"  # LRU drives until an expert beats it
     store.set_policy("lru")
     store.set_policy("guard")
     assert store.check() == []
@@ -177,3 +178,35 @@ def test_every_expert_driving_keeps_pins_and_evicts_leaves_only(expert, monkeypa
             assert store.check() == []
     assert store.check() == [] and store.policy_state()["guard_driver"] == expert
     assert store.evictions > 0
+
+
+def lumpy_trace(cycles: int, prompt_pages: int = 48, scan_pages: int = 20) -> replay.Trace:
+    """One long prompt that comes back every 5 requests, between one-off scans that push it out of LRU:
+    each of its returns is one lookup of ``prompt_pages`` pages that some experts hit and LRU misses."""
+    ids = itertools.count(10**6)
+    prompt = [next(ids) for _ in range(prompt_pages)]
+    out = []
+    for i in range(cycles * 5):
+        hash_ids = prompt if i % 5 == 0 else [next(ids) for _ in range(scan_pages)]
+        out.append(replay.Request(NS.decode(), B * len(hash_ids), hash_ids=list(hash_ids), timestamp=float(i)))
+    return replay.Trace("lumpy", out, B)
+
+
+def guard_after(trace: replay.Trace, capacity: int) -> GuardPolicy:
+    store = PrefixStore(MemoryArena(1, capacity), page_size=B, shards=1, policy="guard", lease_ttl_ms=0)
+    replay.replay_requests(store, trace, B, capacity)
+    return store._index.all
+
+
+def test_a_lead_of_a_few_long_lookups_does_not_take_the_arena():
+    """Hits come a whole prefix per lookup: tempo's lead of 4 lookups of 48 pages is 200 pages, 14 deviations
+    as Poisson counts of pages but 2.2 as 4 lumps. LRU keeps driving; with 5x the lumps tempo takes over."""
+    few = guard_after(lumpy_trace(cycles=7), 64)  # one decision, at lookup 32
+    lead = few.hits["tempo"] - few.hits["lru"]
+    assert few.lookups == 35 and lead == max(few.hits[e] - few.hits["lru"] for e in EXPERTS)
+    assert lead > 10 * math.sqrt(few.hits["tempo"] + few.hits["lru"])  # a lead the Poisson view takes
+    assert lead < guard_module.SWITCH_Z * math.sqrt(few.spread["lru", "tempo"])  # ... and the paired view does not
+    assert few.driving == "lru" and few.switches == 0
+    many = guard_after(lumpy_trace(cycles=26), 64)  # decisions at 32, 64, 96, 128
+    assert many.driving == "tempo" and many.switches == 1 and many.vetoes == 0
+    assert many.hits["real"] > many.hits["lru"]
