@@ -1,4 +1,5 @@
-"""What the eviction policies' tests share: the "chatty" workload, and a replay under leases that come and go.
+"""What the eviction policies' tests share: small stores on a tick clock, the "chatty" workload, and a replay
+under leases that come and go.
 
 Every policy must respect pins (a leased page is never evicted) and leave the
 store consistent, whatever its order; these helpers drive a store the same way
@@ -10,12 +11,44 @@ from __future__ import annotations
 import itertools
 import random
 
+import numpy as np
 from pfxcache.daemon.store import MemoryArena, OutOfMemory, PrefixStore
 from pfxcache.tools import replay
 
 from test_replay import B
 
 NS = b"t"
+PAGE = 4
+
+
+def tokens(*pages: int) -> bytes:
+    """Whole pages of PAGE tokens, page k holding k*16 .. k*16+3."""
+    return np.asarray([p * 16 + j for p in pages for j in range(PAGE)], dtype="<u4").tobytes()
+
+
+def ticking_store(nblocks: int, policy: str = "tempo", shards: int = 1) -> PrefixStore:
+    tick = itertools.count(1)
+    return PrefixStore(MemoryArena(1, nblocks), page_size=PAGE, shards=shards, policy=policy,
+                       clock=lambda: float(next(tick)), lease_ttl_ms=0)
+
+
+def turn(store: PrefixStore, packed: bytes) -> int:
+    """A worker's request: look up, store what was missing, release; returns the pages hit."""
+    m = store.match(NS, packed, lease=True, owner=1)
+    if m.matched_tokens * 4 < len(packed):
+        store.insert(NS, packed, offset=m.matched_tokens, owner=1)
+    if m.lease_id:
+        store.release(m.lease_id, 1)
+    return m.matched_tokens // PAGE
+
+
+def switched_to(policy: str) -> PrefixStore:
+    """A store that cached and hit a path under lru, then switched to ``policy`` (CONFIG SET's path)."""
+    store = ticking_store(8, "lru")
+    store.insert(NS, tokens(1, 2))
+    store.match(NS, tokens(1, 2), lease=False)
+    store.set_policy(policy)
+    return store
 
 
 def chatty_trace(requests: int = 2500, conversations: int = 8, gap: int = 40, seed: int = 1):

@@ -9,8 +9,7 @@ from pfxcache.daemon.store.lhd import LHDPolicy, age_bucket, densities
 from pfxcache.daemon.store.registry import POLICIES
 
 from test_replay import B, replay
-from policy_support import chatty_trace, replay_under_leases
-from test_tempo_policy import NS, PAGE, ticking_store, tokens, turn
+from policy_support import NS, PAGE, chatty_trace, replay_under_leases, switched_to, ticking_store, tokens, turn
 
 
 @pytest.fixture(scope="module")
@@ -20,10 +19,7 @@ def chatty():
 
 def test_registered_and_selectable():
     assert POLICIES["lhd"] is LHDPolicy
-    store = ticking_store(8, "lru")
-    store.insert(NS, tokens(1, 2))
-    store.match(NS, tokens(1, 2), lease=False)
-    store.set_policy("lhd")
+    store = switched_to("lhd")
     assert store.policy == "lhd" and store.check() == []
     assert set(store.policy_state()) == {"lhd_recomputations"}
 

@@ -7,8 +7,7 @@ from pfxcache.daemon.store.odds import OddsPolicy, classify
 from pfxcache.daemon.store.registry import POLICIES
 
 from test_replay import B, replay
-from policy_support import chatty_trace, replay_under_leases
-from test_tempo_policy import NS, PAGE, ticking_store, tokens, turn
+from policy_support import NS, PAGE, chatty_trace, replay_under_leases, switched_to, ticking_store, tokens, turn
 
 
 @pytest.fixture(scope="module")
@@ -18,10 +17,7 @@ def chatty():
 
 def test_registered_and_selectable():
     assert POLICIES["odds"] is OddsPolicy
-    store = ticking_store(8, "lru")
-    store.insert(NS, tokens(1, 2))
-    store.match(NS, tokens(1, 2), lease=False)
-    store.set_policy("odds")
+    store = switched_to("odds")
     assert store.policy == "odds" and store.check() == []
     assert set(store.policy_state()) == {"odds_return_share", "odds_turnover_ticks", "odds_ghost_entries"}
 

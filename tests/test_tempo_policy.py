@@ -4,46 +4,18 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 import pytest
 from pfxcache.daemon.store import MemoryArena, PrefixStore
 from pfxcache.daemon.store.registry import POLICIES
 from pfxcache.daemon.store.tempo import TempoPolicy
 
 from test_replay import B, replay
-from policy_support import chatty_trace, replay_under_leases
-
-NS = b"t"
-PAGE = 4
-
-
-def tokens(*pages: int) -> bytes:
-    """Whole pages of PAGE tokens, page k holding k*16 .. k*16+3."""
-    return np.asarray([p * 16 + j for p in pages for j in range(PAGE)], dtype="<u4").tobytes()
-
-
-def ticking_store(nblocks: int, policy: str = "tempo", shards: int = 1) -> PrefixStore:
-    tick = itertools.count(1)
-    return PrefixStore(MemoryArena(1, nblocks), page_size=PAGE, shards=shards, policy=policy,
-                       clock=lambda: float(next(tick)), lease_ttl_ms=0)
-
-
-def turn(store: PrefixStore, packed: bytes) -> int:
-    """A worker's request: look up, store what was missing, release; returns the pages hit."""
-    m = store.match(NS, packed, lease=True, owner=1)
-    if m.matched_tokens * 4 < len(packed):
-        store.insert(NS, packed, offset=m.matched_tokens, owner=1)
-    if m.lease_id:
-        store.release(m.lease_id, 1)
-    return m.matched_tokens // PAGE
+from policy_support import NS, PAGE, chatty_trace, replay_under_leases, switched_to, ticking_store, tokens, turn
 
 
 def test_registered_and_selectable():
     assert POLICIES["tempo"] is TempoPolicy
-    store = ticking_store(8, "lru")
-    store.insert(NS, tokens(1, 2))
-    store.match(NS, tokens(1, 2), lease=False)
-    store.set_policy("tempo")
+    store = switched_to("tempo")
     assert store.policy == "tempo" and store.check() == []
     assert set(store.policy_state()) == {"tempo_new_content_pace_ticks", "tempo_ghost_entries"}
 
