@@ -90,3 +90,43 @@ def test_suite_judges_a_trace_of_yours_apart(tmp_path, capsys):
     assert report["summary"]["external"]["lru"]["geomean"] == 1.0
     with pytest.raises(SystemExit):
         suite.main(["--trace", str(tmp_path / "absent.jsonl"), "--no-plot", "--quiet"])
+
+
+def test_stress_phases_share_nothing_and_come_one_after_the_other():
+    first, second = workloads.rag(3, requests=300, block_tokens=128), workloads.scans(4, requests=200, block_tokens=128)
+    trace = workloads.phases("rag-then-scans", first, second)
+    assert len(trace.requests) == 500 and trace.block_tokens == 128
+    ids_first = {h for r in trace.requests[:300] for h in r.hash_ids}
+    ids_second = {h for r in trace.requests[300:] for h in r.hash_ids}
+    assert ids_first.isdisjoint(ids_second)
+    assert max(r.timestamp for r in trace.requests[:300]) < min(r.timestamp for r in trace.requests[300:])
+    # each part keeps its own sharing: the same prefixes, renumbered
+    assert len(ids_first) == len({h for r in first.requests for h in r.hash_ids})
+    assert len({r.serial for r in trace.requests}) == 500
+
+
+def test_stress_colocated_parts_interleave_without_sharing():
+    parts = [workloads.chat(4, requests=300, block_tokens=128), workloads.scans(5, requests=100, block_tokens=128)]
+    trace = workloads.colocated("chat-and-scans", *parts)
+    assert len(trace.requests) == 400
+    chat_ids = {h + 1 for r in parts[0].requests for h in r.hash_ids}  # the first part's ids move up by one
+    kinds = ["chat" if r.hash_ids[0] in chat_ids else "scans" for r in trace.requests]
+    assert kinds.count("scans") == 100 and {*kinds[:20]} == {"chat", "scans"}  # interleaved in proportion
+
+
+def test_stress_repaged_trace_is_judged_in_its_pages(monkeypatch, capsys):
+    small = workloads.sysprompts(2, requests=300, block_tokens=128)
+    monkeypatch.setattr(workloads, "STRESS", {"sysprompts-p32": lambda seed: workloads.repaged(small, 32)})
+    run = suite.run_workload("sysprompts-p32", ["lru"], [0.2])
+    assert run["page_size"] == 32
+    distinct = {size: len({p for c in replay.page_chains(small, size) for p in c}) for size in (32, 128)}
+    assert run["distinct_pages"] == distinct[32] > 3 * distinct[128]  # a 128-token block is four pages
+    assert suite.main(["--half", "stress", "--policies", "lru,guard", "--fractions", "0.1", "--no-plot", "--quiet",
+                       "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert list(report["summary"]) == ["stress"] and report["runs"][0]["page_size"] == 32
+
+
+def test_stress_set_is_apart_from_the_suite():
+    assert set(workloads.STRESS).isdisjoint(workloads.SUITE)
+    assert len(workloads.STRESS) >= 20

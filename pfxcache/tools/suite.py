@@ -18,10 +18,13 @@ LRU (where there is room to win).
     scripts/suite --half held-out --policies lru,guard
     scripts/suite --workloads chat,scans --fractions 0.01,0.05 --json
     scripts/suite --trace their.jsonl --trace kv-cache-tester/traces   # traces of yours, in any replay format
+    scripts/suite --half stress --policies lru,tempo,guard   # phase changes, co-located apps, page sizes
 
 A trace given with ``--trace`` (any format scripts/replay reads, its block
 size as its own) is judged the same way, in a third group, "external": traces
-no design here saw.
+no design here saw. ``--half stress`` runs workloads.STRESS, a set made
+after the designs were chosen: shapes that change, share an arena, or come
+in other page sizes.
 
 The plot (ratio to LRU against capacity, one panel per workload) goes to
 scripts/out/suite.png. ``scripts/suite`` runs this module under .venv.
@@ -55,8 +58,9 @@ def run_workload(name: str, policies: list[str], fractions, seed: int = 1, quiet
 
     ``trace``: replay this one (a file given with --trace) instead of the suite's workload ``name``.
     """
-    trace = trace if trace is not None else workloads.SUITE[name](seed)
-    page_size = trace.block_tokens
+    if trace is None:
+        trace = (workloads.SUITE[name] if name in workloads.SUITE else workloads.STRESS[name])(seed)
+    page_size = trace.page_tokens or trace.block_tokens
     chains = replay.page_chains(trace, page_size)
     caps = capacities(chains, fractions)
     results: dict[str, dict[int, float]] = {}
@@ -99,14 +103,15 @@ def summary(runs: list[dict], policies: list[str]) -> dict:
 
 def print_half(title: str, runs: list[dict], policies: list[str]) -> None:
     others = [p for p in policies if p != "lru"]
-    head = f"{'workload':<11}{'pages':>8}{'share':>7}{'lru':>7}{'belady':>8}" + "".join(f"{p:>8}" for p in others)
+    w = max(11, *(len(run["workload"]) + 1 for run in runs))
+    head = f"{'workload':<{w}}{'pages':>8}{'share':>7}{'lru':>7}{'belady':>8}" + "".join(f"{p:>8}" for p in others)
     print(f"\n== {title}: hit rate of lru, then ratio to lru (>1 is better); belady = the offline bound")
     print(head)
     print("-" * len(head))
     for run in runs:
         res = run["results"]
         for cap, frac in zip(run["capacities"], run["fractions"]):
-            print(f"{run['workload']:<11}{cap:>8,}{frac:>7.1%}{res['lru'][cap]:>7.3f}"
+            print(f"{run['workload']:<{w}}{cap:>8,}{frac:>7.1%}{res['lru'][cap]:>7.3f}"
                   f"{_ratio(res, 'belady', cap):>8.2f}" + "".join(f"{_ratio(res, p, cap):>8.2f}" for p in others))
     print(f"\n{title}: summary of ratios to lru over {sum(len(r['capacities']) for r in runs)} points")
     print(f"{'policy':<8}{'geomean':>9}{'worst':>7}  {'worst at':<20}{'<0.99':>6}"
@@ -141,7 +146,8 @@ def plot(runs: list[dict], policies: list[str], path, title: str) -> object:
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         group = ("tuning" if run["workload"] in workloads.TUNING else
-                 "held out" if run["workload"] in workloads.HELD_OUT else "external")
+                 "held out" if run["workload"] in workloads.HELD_OUT else
+                 "stress" if run["workload"] in workloads.STRESS else "external")
         ax.set_title(f"{run['workload']} ({group})",
                      fontsize=9)
         ax.set_xlabel("capacity (pages)", fontsize=8)
@@ -157,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     from pfxcache.daemon.store.registry import POLICIES
 
     parser = tool_parser("suite", __doc__)
-    parser.add_argument("--half", choices=("tuning", "held-out", "all"), default="all")
-    parser.add_argument("--workloads", help=f"comma-separated, overrides --half (known: {', '.join(workloads.SUITE)})")
+    parser.add_argument("--half", choices=("tuning", "held-out", "all", "stress"), default="all",
+                        help="which workloads (default all: tuning and held-out; stress: workloads.STRESS)")
+    parser.add_argument("--workloads", help=f"comma-separated, overrides --half (known: {', '.join(workloads.SUITE)}, "
+                                            f"and the stress set's: {', '.join(workloads.STRESS)})")
     parser.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated (default {DEFAULT_POLICIES})")
     parser.add_argument("--fractions", default=",".join(map(str, FRACTIONS)),
                         help="capacities as shares of each workload's distinct pages (default 0.005,0.02,0.06,0.2)")
@@ -181,13 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.workloads:
         names = [w.strip() for w in args.workloads.split(",") if w.strip()]
         for w in names:
-            if w not in workloads.SUITE:
+            if w not in workloads.SUITE and w not in workloads.STRESS:
                 parser.error(f"unknown workload {w!r}")
     elif args.trace and "--half" not in (argv if argv is not None else sys.argv[1:]):
         names = []
     else:
         names = {"tuning": list(workloads.TUNING), "held-out": list(workloads.HELD_OUT),
-                 "all": [*workloads.TUNING, *workloads.HELD_OUT]}[args.half]
+                 "all": [*workloads.TUNING, *workloads.HELD_OUT], "stress": list(workloads.STRESS)}[args.half]
     external = {}
     for path in map(Path, args.trace):
         if not path.exists():
@@ -208,9 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     command = command_line("suite", argv)
     halves = [(title, [r for r in runs if r["workload"] in half])
-              for title, half in (("tuning", workloads.TUNING), ("held-out", workloads.HELD_OUT))]
+              for title, half in (("tuning", workloads.TUNING), ("held-out", workloads.HELD_OUT),
+                                  ("stress", tuple(workloads.STRESS)))]
     halves += [("external" if external else "other",
-                [r for r in runs if r["workload"] not in (*workloads.TUNING, *workloads.HELD_OUT)])]
+                [r for r in runs if r["workload"] not in (*workloads.TUNING, *workloads.HELD_OUT, *workloads.STRESS)])]
     halves = [(t, rs) for t, rs in halves if rs]
     plot_path = None if args.no_plot else plot(runs, policies, OUT / "suite.png", command)
     if args.json:

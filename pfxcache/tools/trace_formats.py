@@ -80,6 +80,7 @@ class Trace:
     name: str
     requests: list[Request] = field(default_factory=list)
     block_tokens: int = MOONCAKE_BLOCK
+    page_tokens: int | None = None  # the suite replays it in pages of this many tokens (default: its blocks)
 
     @property
     def input_tokens(self) -> int:
