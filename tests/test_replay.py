@@ -135,3 +135,26 @@ def test_json_output(tmp_path):
     # the saved trace replays to the same figures
     again = replay.read_trace([save], "mooncake", False, block_tokens=B)
     assert replay.replay_store(again, "lru", 30, B, quiet=True)["hit_tokens"] == doc["results"]["lru"]["30"]["hit_tokens"]
+
+
+def test_requests_in_flight_cannot_hit_what_is_not_stored_yet_and_pin_while_they_compute():
+    from pfxcache.daemon.store import MemoryArena, PrefixStore
+
+    one = replay.Request("default", 4 * B, hash_ids=[7, 8, 9, 10])
+    trace = replay.Trace("same-prompt", [replay.Request(one.namespace, one.input_tokens, hash_ids=one.hash_ids)
+                                         for _ in range(4)], B)
+    hits = {k: replay.replay_store(trace, "lru", 64, B, quiet=True, in_flight=k)["hit_tokens"] for k in (0, 1, 3)}
+    # none in flight: the 2nd-4th hit; one: the 2nd looks up before the 1st stored; three: none hits
+    assert hits == {0: 3 * 4 * B, 1: 2 * 4 * B, 3: 0}
+
+    arena = MemoryArena(1, 40)
+    store = PrefixStore(arena, page_size=B, shards=2, policy="guard", lease_ttl_ms=0)
+    try:
+        sessions = replay.generate_sessions(seed=5, sessions=30, system_prompts=3, concurrent=8, block_tokens=B)
+        assert replay.replay_requests(store, sessions, B, 40, in_flight=4) > 0
+        stats = store.stats()
+        assert stats["leases"] == 0 and stats["pinned_pages"] == 0 and store.check() == []
+    finally:
+        arena.close()
+    assert replay.in_flight_pages(40, 4) == 8 and replay.in_flight_pages(40, 0) == 40
+    assert replay.in_flight_pages(replay.UNLIMITED, 4) == replay.UNLIMITED

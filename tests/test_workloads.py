@@ -130,3 +130,29 @@ def test_stress_repaged_trace_is_judged_in_its_pages(monkeypatch, capsys):
 def test_stress_set_is_apart_from_the_suite():
     assert set(workloads.STRESS).isdisjoint(workloads.SUITE)
     assert len(workloads.STRESS) >= 20
+
+
+def test_suite_with_requests_in_flight_bounds_them_by_belady_of_the_cut_requests(monkeypatch, capsys):
+    monkeypatch.setitem(workloads.SUITE, "chat", lambda seed: workloads.chat(seed, requests=500))
+    alone = suite.run_workload("chat", ["lru", "guard"], [0.05])
+    busy = suite.run_workload("chat", ["lru", "guard"], [0.05], in_flight=8)
+    (cap,) = busy["capacities"]
+    assert busy["results"]["lru"][cap] < alone["results"]["lru"][cap]  # fewer hits: some prefixes are in flight
+    for policy in ("lru", "guard"):
+        assert busy["results"][policy][cap] <= busy["results"]["belady"][cap]
+    assert suite.main(["--workloads", "chat", "--in-flight", "8", "--policies", "lru", "--fractions", "0.05",
+                       "--no-plot", "--quiet"]) == 0
+    assert "8 requests in flight" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        suite.main(["--workloads", "chat", "--in-flight", "-1", "--no-plot", "--quiet"])
+
+
+def test_suite_keeps_two_traces_of_one_name_apart(tmp_path, capsys):
+    """Two directories both called "native" (kv-cache-tester checkouts): both are judged, neither replaces the other."""
+    for i, where in enumerate(("a", "b")):
+        (tmp_path / where).mkdir()
+        replay.save_trace(workloads.chat(3 + i, requests=200, block_tokens=512), tmp_path / where / "mine.jsonl")
+    assert suite.main(["--trace", str(tmp_path / "a" / "mine.jsonl"), "--trace", str(tmp_path / "b" / "mine.jsonl"),
+                       "--policies", "lru", "--fractions", "0.2", "--no-plot", "--quiet", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [run["workload"] for run in report["runs"]] == ["mine", "b/mine"]

@@ -96,6 +96,7 @@ scripts/out/replay-<trace name>.png.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import json
@@ -253,27 +254,52 @@ def _progress(total: int, desc: str, quiet: bool):
     return progress_bar(total, desc, "req", quiet=quiet, unit_scale=True, leave=False)
 
 
-def replay_requests(store, trace: Trace, page_size: int, capacity: int, bar=None) -> int:
-    """Every request of ``trace`` through ``store`` as a worker does (look up, store the rest, release); hit tokens."""
+def in_flight_pages(capacity: int, in_flight: int) -> int:
+    """The pages a request is cut to with ``in_flight`` others pinned beside it: their pins never fill the arena."""
+    return max(1, capacity // (in_flight + 1)) if in_flight and capacity != UNLIMITED else capacity
+
+
+def replay_requests(store, trace: Trace, page_size: int, capacity: int, bar=None, in_flight: int = 0) -> int:
+    """Every request of ``trace`` through ``store`` as a worker does (look up, store the rest, release); hit tokens.
+
+    ``in_flight``: requests computing at once. A request stores its pages and releases its lease only
+    after the next ``in_flight`` requests have looked up, so it cannot hit what one still in flight has
+    not stored, and the leases of all in flight pin their pages meanwhile; each request is cut to
+    in_flight_pages() pages.
+    """
     hit = 0
+    pending: collections.deque = collections.deque()
+    max_pages = in_flight_pages(capacity, in_flight)
     for i, req in enumerate(trace.requests):
-        toks, npages = whole_pages(trace, req, page_size, capacity)
+        toks, npages = whole_pages(trace, req, page_size, max_pages)
         ns = req.namespace.encode()
         packed = toks.tobytes()
         m = store.match(ns, packed, lease=True, owner=1)
         hit += m.matched_tokens
-        if npages * page_size > m.matched_tokens:
-            store.insert(ns, packed, offset=m.matched_tokens, owner=1)
-        if m.lease_id:
-            store.release(m.lease_id, 1)
+        pending.append((ns, packed, npages, m))
+        if len(pending) > in_flight:
+            _finish(store, page_size, *pending.popleft())
         if bar is not None and i % 256 == 255:
             bar.update(256)
+    while pending:
+        _finish(store, page_size, *pending.popleft())
     return hit
 
 
+def _finish(store, page_size: int, ns: bytes, packed: bytes, npages: int, m) -> None:
+    """A request computed: store the pages it missed, release its lease."""
+    if npages * page_size > m.matched_tokens:
+        store.insert(ns, packed, offset=m.matched_tokens, owner=1)
+    if m.lease_id:
+        store.release(m.lease_id, 1)
+
+
 def replay_store(trace: Trace, policy: str, capacity: int, page_size: int, shards: int = 16,
-                 quiet: bool = False) -> dict:
-    """In process on PrefixStore; returns {"hit_tokens", "input_tokens", "hit_rate", "evictions"}."""
+                 quiet: bool = False, in_flight: int = 0) -> dict:
+    """In process on PrefixStore; returns {"hit_tokens", "input_tokens", "hit_rate", "evictions"}.
+
+    ``in_flight``: requests computing at once (replay_requests); hit_rate is still of all input tokens.
+    """
     from pfxcache.daemon.store import MemoryArena, PrefixStore
 
     if capacity == UNLIMITED:
@@ -286,7 +312,7 @@ def replay_store(trace: Trace, policy: str, capacity: int, page_size: int, shard
                         clock=lambda: float(next(tick)), lease_ttl_ms=0)
     bar = _progress(len(trace.requests), f"store {policy} {cap_title(capacity)}", quiet)
     try:
-        hit = replay_requests(store, trace, page_size, capacity, bar)
+        hit = replay_requests(store, trace, page_size, capacity, bar, in_flight)
         evictions = store.evictions
         problems = store.check() if len(trace.requests) <= 2000 else []
         if problems:

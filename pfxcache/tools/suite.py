@@ -19,6 +19,7 @@ LRU (where there is room to win).
     scripts/suite --workloads chat,scans --fractions 0.01,0.05 --json
     scripts/suite --trace their.jsonl --trace kv-cache-tester/traces   # traces of yours, in any replay format
     scripts/suite --half stress --policies lru,tempo,guard   # phase changes, co-located apps, page sizes
+    scripts/suite --in-flight 16 --policies lru,tempo,guard  # 16 requests computing at once, their leases held
 
 A trace given with ``--trace`` (any format scripts/replay reads, its block
 size as its own) is judged the same way, in a third group, "external": traces
@@ -53,10 +54,12 @@ def capacities(chains: list[list[int]], fractions) -> list[int]:
 
 
 def run_workload(name: str, policies: list[str], fractions, seed: int = 1, quiet: bool = True,
-                 trace: replay.Trace | None = None) -> dict:
+                 trace: replay.Trace | None = None, in_flight: int = 0) -> dict:
     """{"capacities": [...], "requests", "distinct_pages", "results": {policy or "belady": {cap: hit_rate}}}.
 
     ``trace``: replay this one (a file given with --trace) instead of the suite's workload ``name``.
+    ``in_flight``: requests computing at once (replay.replay_requests); Belady then bounds the same
+    requests, cut as they are, with none in flight.
     """
     if trace is None:
         trace = (workloads.SUITE[name] if name in workloads.SUITE else workloads.STRESS[name])(seed)
@@ -66,9 +69,11 @@ def run_workload(name: str, policies: list[str], fractions, seed: int = 1, quiet
     results: dict[str, dict[int, float]] = {}
     for cap in caps:
         for policy in policies:
-            row = replay.replay_store(trace, policy, cap, page_size, quiet=quiet)
+            row = replay.replay_store(trace, policy, cap, page_size, quiet=quiet, in_flight=in_flight)
             results.setdefault(policy, {})[cap] = row["hit_rate"]
-        results.setdefault("belady", {})[cap] = replay.belady(trace, chains, cap, page_size, quiet)["hit_rate"]
+        cut = replay.in_flight_pages(cap, in_flight)
+        bound = chains if cut == cap else [chain[:cut] for chain in chains]
+        results.setdefault("belady", {})[cap] = replay.belady(trace, bound, cap, page_size, quiet)["hit_rate"]
     return {"workload": name, "trace": trace.name, "requests": len(trace.requests), "page_size": page_size,
             "distinct_pages": len({p for c in chains for p in c}), "capacities": caps, "results": results}
 
@@ -174,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--no-plot", action="store_true", help="do not write scripts/out/suite.png")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--in-flight", type=int, default=0, metavar="K",
+                        help="K requests computing at once: a request stores and releases its lease only after "
+                             "the next K have looked up, and is cut to capacity / (K + 1) pages (default 0)")
     parser.add_argument("--trace", action="append", default=[], metavar="PATH",
                         help="also a trace file or directory of yours (any scripts/replay format; repeatable): "
                              "only these when no --workloads/--half is given")
@@ -186,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         if p not in POLICIES:
             parser.error(f"unknown policy {p!r} (known: {', '.join(POLICIES)})")
     fractions = [float(f) for f in args.fractions.split(",") if f.strip()]
+    if args.in_flight < 0:
+        parser.error("--in-flight must be 0 or more")
     if args.workloads:
         names = [w.strip() for w in args.workloads.split(",") if w.strip()]
         for w in names:
@@ -201,7 +211,12 @@ def main(argv: list[str] | None = None) -> int:
         if not path.exists():
             parser.error(f"no trace at {path}")
         try:
-            external[f"{path.stem}"] = replay.read_trace([path], "auto", False)
+            name = path.stem
+            if name in external or name in names:  # two traces of one name (two directories "native"): both
+                name = f"{path.parent.name}/{path.stem}"
+            while name in external:
+                name += "'"
+            external[name] = replay.read_trace([path], "auto", False)
         except replay.TraceFormatError as exc:
             parser.error(str(exc))
     bar = progress_bar(len(names) + len(external), "workloads", "workload", quiet=args.quiet)
@@ -209,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for name in [*names, *external]:
         bar.set_postfix_str(name)
-        run = run_workload(name, policies, fractions, args.seed, trace=external.get(name))
+        run = run_workload(name, policies, fractions, args.seed, trace=external.get(name), in_flight=args.in_flight)
         run["fractions"] = fractions
         runs.append(run)
         bar.update(1)
@@ -226,11 +241,13 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs:
             run["results"] = {p: {str(c): v for c, v in r.items()} for p, r in run["results"].items()}
         print(json.dumps({"command": command, "policies": policies, "fractions": fractions,
-                          "runs": runs, "summary": {t: summary(_intkeys(rs), policies) for t, rs in halves},
+                          "in_flight": args.in_flight, "runs": runs,
+                          "summary": {t: summary(_intkeys(rs), policies) for t, rs in halves},
                           "seconds": round(time.perf_counter() - started, 1)}, indent=2))
         return 0
     print(f"$ {command}\n{len(runs)} workloads, seed {args.seed}, capacities at "
           f"{', '.join(f'{f:.1%}' for f in fractions)} of each workload's distinct pages; "
+          + (f"{args.in_flight} requests in flight; " if args.in_flight else "") +
           f"{time.perf_counter() - started:.0f} s")
     for title, rs in halves:
         print_half(title, rs, policies)
