@@ -137,7 +137,7 @@ def test_json_output(tmp_path):
     assert replay.replay_store(again, "lru", 30, B, quiet=True)["hit_tokens"] == doc["results"]["lru"]["30"]["hit_tokens"]
 
 
-def test_requests_in_flight_cannot_hit_what_is_not_stored_yet_and_pin_while_they_compute():
+def test_requests_in_flight_cannot_hit_what_is_not_stored_yet_and_leave_no_lease_behind():
     from pfxcache.daemon.store import MemoryArena, PrefixStore
 
     one = replay.Request("default", 4 * B, hash_ids=[7, 8, 9, 10])
@@ -158,3 +158,14 @@ def test_requests_in_flight_cannot_hit_what_is_not_stored_yet_and_pin_while_they
         arena.close()
     assert replay.in_flight_pages(40, 4) == 8 and replay.in_flight_pages(40, 0) == 40
     assert replay.in_flight_pages(replay.UNLIMITED, 4) == replay.UNLIMITED
+
+
+def test_more_requests_in_flight_than_the_arena_has_pages_still_replay():
+    """An arena of 10 pages with 16 requests in flight: at most 9 beside the one looking up, one page each,
+    so their pins (at most 9 pages) never fill it and every insert finds room."""
+    ids = iter(range(1, 10_000))
+    trace = replay.Trace("hot", [replay.Request("default", 2 * B, hash_ids=[1 + i % 10, next(ids) + 100])
+                                 for i in range(200)], B)
+    assert replay.in_flight_count(10, 16) == 9 and replay.in_flight_pages(10, 16) == 1
+    got = replay.replay_store(trace, "lru", 10, B, quiet=True, in_flight=16)
+    assert got["hit_tokens"] > 0

@@ -100,9 +100,12 @@ def test_stress_phases_share_nothing_and_come_one_after_the_other():
     ids_second = {h for r in trace.requests[300:] for h in r.hash_ids}
     assert ids_first.isdisjoint(ids_second)
     assert max(r.timestamp for r in trace.requests[:300]) < min(r.timestamp for r in trace.requests[300:])
-    # each part keeps its own sharing: the same prefixes, renumbered
-    assert len(ids_first) == len({h for r in first.requests for h in r.hash_ids})
+    # each part keeps its own sharing: the same prefixes, its ids moved past the part before
+    assert ids_first == {h + 1 for r in first.requests for h in r.hash_ids}
+    assert min(ids_second) == max(ids_first) + 1 + min(h for r in second.requests for h in r.hash_ids)
     assert len({r.serial for r in trace.requests}) == 500
+    with pytest.raises(ValueError, match="one block size"):
+        workloads.phases("mixed", first, workloads.scans(4, requests=50, block_tokens=256))
 
 
 def test_stress_colocated_parts_interleave_without_sharing():

@@ -67,13 +67,15 @@ half of the suite (pfxcache.tools.workloads.TUNING), the fooling workload's
 test and Mooncake's synthetic trace (whole and halves) with 16
 kv-cache-tester sessions (scripts/README.md).
 
-A miniature stores what it missed at the lookup, not when the worker stores it: with requests in
-flight (scripts/suite --in-flight), it then counts hits on pages the real cache does not hold yet, so
-the veto hands the arena back to LRU sooner, a bias towards safety. Storing at the worker's store
-instead, as the real cache does, kept more of the gains with 16 requests in flight (the suite's
-geometric mean 1.067x -> 1.081x LRU, before the rule on the real cache above) but let tempo take
-over late, at lookup 928 of Mooncake's synthetic first half at 10 %, where the real cache then fell
-to 0.92x-0.93x LRU (4 and 16 in flight): reverted.
+A miniature stores what it missed at the lookup, not when the worker stores
+it: with requests in flight (scripts/suite --in-flight), it then counts hits
+on pages the real cache does not hold yet, so the veto hands the arena back
+to LRU sooner, a bias towards safety. Storing at the worker's store instead,
+as the real cache does, kept more of the gains with 16 requests in flight
+(the suite's geometric mean 1.067x -> 1.081x LRU, before the rule on the
+real cache above) but let tempo take over late, at lookup 928 of Mooncake's
+synthetic first half at 10 %, where the real cache then fell to 0.92x-0.93x
+LRU (4 and 16 in flight): reverted.
 
 Costs: per lookup and store, one vectorised hash of the prompt (numpy,
 O(tokens)) and the miniature caches' own O(log n) steps on the sampled pages;

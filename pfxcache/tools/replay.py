@@ -254,9 +254,16 @@ def _progress(total: int, desc: str, quiet: bool):
     return progress_bar(total, desc, "req", quiet=quiet, unit_scale=True, leave=False)
 
 
+def in_flight_count(capacity: int, in_flight: int) -> int:
+    """Requests in flight an arena of ``capacity`` pages takes: at most capacity - 1 beside the one looking up."""
+    return in_flight if capacity == UNLIMITED else max(0, min(in_flight, capacity - 1))
+
+
 def in_flight_pages(capacity: int, in_flight: int) -> int:
-    """The pages a request is cut to with ``in_flight`` others pinned beside it: their pins never fill the arena."""
-    return max(1, capacity // (in_flight + 1)) if in_flight and capacity != UNLIMITED else capacity
+    """The pages a request is cut to with in_flight_count() others pinned beside it: (in flight + 1) x
+    these pages fit the arena, so pins never fill it and every insert finds room."""
+    in_flight = in_flight_count(capacity, in_flight)
+    return capacity // (in_flight + 1) if in_flight and capacity != UNLIMITED else capacity
 
 
 def replay_requests(store, trace: Trace, page_size: int, capacity: int, bar=None, in_flight: int = 0) -> int:
@@ -265,11 +272,12 @@ def replay_requests(store, trace: Trace, page_size: int, capacity: int, bar=None
     ``in_flight``: requests computing at once. A request stores its pages and releases its lease only
     after the next ``in_flight`` requests have looked up, so it cannot hit what one still in flight has
     not stored, and the leases of all in flight pin their pages meanwhile; each request is cut to
-    in_flight_pages() pages.
+    in_flight_pages() pages, and an arena smaller than in_flight + 1 pages takes in_flight_count().
     """
     hit = 0
     pending: collections.deque = collections.deque()
     max_pages = in_flight_pages(capacity, in_flight)
+    in_flight = in_flight_count(capacity, in_flight)
     for i, req in enumerate(trace.requests):
         toks, npages = whole_pages(trace, req, page_size, max_pages)
         ns = req.namespace.encode()

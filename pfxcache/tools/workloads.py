@@ -234,13 +234,21 @@ def _renumbered(trace: Trace, first_id: int) -> tuple[list[Request], int]:
     out = []
     for r in trace.requests:
         ids = [h + first_id for h in r.hash_ids]
-        top = max(top, max(ids) + 1)
+        top = max(top, max(ids, default=top - 1) + 1)
         out.append(Request(r.namespace, r.input_tokens, hash_ids=ids, timestamp=r.timestamp))
     return out, top
 
 
+def _block_tokens(parts: tuple[Trace, ...]) -> int:
+    sizes = {part.block_tokens for part in parts}
+    if len(sizes) != 1:
+        raise ValueError(f"parts of {sorted(sizes)}-token blocks: combine parts of one block size")
+    return sizes.pop()
+
+
 def phases(name: str, *parts: Trace) -> Trace:
     """The parts one after another, sharing nothing: a workload that changes shape (same block size)."""
+    block_tokens = _block_tokens(parts)
     requests: list[Request] = []
     next_id, start = 1, 0.0
     for part in parts:
@@ -253,11 +261,12 @@ def phases(name: str, *parts: Trace) -> Trace:
         start = end + 1.0
     for serial, r in enumerate(requests):
         r.serial = serial
-    return Trace(name, requests, parts[0].block_tokens)
+    return Trace(name, requests, block_tokens)
 
 
 def colocated(name: str, *parts: Trace) -> Trace:
     """The parts interleaved, each spread evenly over the same time, in the namespaces they have."""
+    block_tokens = _block_tokens(parts)
     requests: list[Request] = []
     next_id = 1
     for part in parts:
@@ -268,7 +277,7 @@ def colocated(name: str, *parts: Trace) -> Trace:
     requests.sort(key=lambda r: r.timestamp)
     for serial, r in enumerate(requests):
         r.serial = serial
-    return Trace(name, requests, parts[0].block_tokens)
+    return Trace(name, requests, block_tokens)
 
 
 def repaged(trace: Trace, page_tokens: int) -> Trace:
