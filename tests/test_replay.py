@@ -161,8 +161,8 @@ def test_requests_in_flight_cannot_hit_what_is_not_stored_yet_and_leave_no_lease
 
 
 def test_more_requests_in_flight_than_the_arena_has_pages_still_replay():
-    """An arena of 10 pages with 16 requests in flight: at most 9 beside the one looking up, one page each,
-    so their pins (at most 9 pages) never fill it and every insert finds room."""
+    """An arena of 10 pages with 16 requests in flight takes 9 beside the one looking up, one page each: their
+    pins stay below the arena's size (17 one-page pins would not)."""
     ids = iter(range(1, 10_000))
     trace = replay.Trace("hot", [replay.Request("default", 2 * B, hash_ids=[1 + i % 10, next(ids) + 100])
                                  for i in range(200)], B)

@@ -262,8 +262,7 @@ def in_flight_count(capacity: int, in_flight: int) -> int:
 def in_flight_pages(capacity: int, in_flight: int) -> int:
     """The pages a request is cut to with in_flight_count() others pinned beside it: (in flight + 1) x
     these pages fit the arena, so pins never fill it and every insert finds room."""
-    in_flight = in_flight_count(capacity, in_flight)
-    return capacity // (in_flight + 1) if in_flight and capacity != UNLIMITED else capacity
+    return capacity // (in_flight_count(capacity, in_flight) + 1)  # (UNLIMITED is 0: it stays so)
 
 
 def replay_requests(store, trace: Trace, page_size: int, capacity: int, bar=None, in_flight: int = 0) -> int:
