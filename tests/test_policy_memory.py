@@ -116,3 +116,20 @@ def test_info_shows_the_policys_share_of_the_metadata():
             client.close()
             assert daemon.stop() == 0, daemon.log_text()
     assert 0 < figures["lru"] < figures["guard"]
+
+
+def test_a_smaller_sample_holds_fewer_miniature_pages(monkeypatch, capsys):
+    """--guard-sample-pages N: the miniatures hold at most N pages each (four of them), for that run only."""
+    import json
+
+    from pfxcache.daemon.store import guard
+    from pfxcache.tools import workloads
+
+    monkeypatch.setitem(workloads.SUITE, "chat", lambda seed: workloads.chat(seed, requests=300))
+    pages = {}
+    for n in (None, 16):
+        argv = ["--workloads", "chat", "--capacities", "200", "--json", "--quiet"]
+        assert policy_memory.main(argv + (["--guard-sample-pages", str(n)] if n else [])) == 0
+        pages[n] = json.loads(capsys.readouterr().out)[1]["miniature_pages"]
+    assert 4 * 16 < pages[None] <= 4 * 200 and 0 < pages[16] <= 4 * 16
+    assert guard.SAMPLE_PAGES == 4096

@@ -159,3 +159,28 @@ def test_suite_keeps_two_traces_of_one_name_apart(tmp_path, capsys):
                        "--policies", "lru", "--fractions", "0.2", "--no-plot", "--quiet", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [run["workload"] for run in report["runs"]] == ["mine", "b/mine"]
+
+
+def test_suite_sizes_guards_sample_for_its_run_only(monkeypatch, capsys):
+    """--guard-sample-pages N: the guard of every store the run makes samples N pages (its rate follows),
+    and the default is back afterwards; 0 is refused."""
+    from pfxcache.daemon.store import guard
+
+    monkeypatch.setitem(workloads.SUITE, "chat", lambda seed: workloads.chat(seed, requests=300))
+    rates = []
+    make = guard.GuardPolicy.for_store.__func__
+
+    def for_store(cls, capacity, page_bytes):
+        made = make(cls, capacity, page_bytes)
+        rates.append(made.rate)
+        return made
+
+    monkeypatch.setattr(guard.GuardPolicy, "for_store", classmethod(for_store))
+    assert suite.main(["--workloads", "chat", "--guard-sample-pages", "16", "--policies", "lru,guard",
+                       "--fractions", "0.2", "--no-plot", "--quiet", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (cap,) = report["runs"][0]["capacities"]
+    assert report["guard_sample_pages"] == 16 and rates == [pytest.approx(16 / cap)]
+    assert guard.SAMPLE_PAGES == 4096
+    with pytest.raises(SystemExit):
+        suite.main(["--workloads", "chat", "--guard-sample-pages", "0", "--no-plot", "--quiet"])

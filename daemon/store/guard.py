@@ -75,12 +75,29 @@ as the real cache does, kept more of the gains with 16 requests in flight
 (the suite's geometric mean 1.067x -> 1.081x LRU, before the rule on the
 real cache above) but let tempo take over late, at lookup 928 of Mooncake's
 synthetic first half at 10 %, where the real cache then fell to 0.92x-0.93x
-LRU (4 and 16 in flight): reverted.
+LRU (4 and 16 in flight): reverted. Pinning each miniature's hit under the
+lookup's lease until the lease ends (the store's pins, modelled) was tried
+too. With stores at the lookup, 4 in flight gained a little (the suite's
+halves 1.081x / 1.067x -> 1.088x / 1.080x LRU), but with 16 reuse's
+miniature led by less and never took over at the shared trace's 0.5 %:
+1.31x -> 1.00x. With stores at the worker's store as well, the LRU miniature
+was the real cache exactly and that point rose to 1.50x, but tempo took over
+at lookup 928 of Mooncake's first half at 10 % and the real cache fell to
+0.94x (16 in flight) and 0.97x (4) LRU: by lookup 1,120 tempo's miniature
+hit 2,693 sampled pages, LRU's 1,697, the real cache under tempo's order
+1,558 (likely because the real cache's tempo learned its paces under LRU's
+evictions, so it is not the tempo of the miniature: a switch cannot inherit
+the miniature's lead). Reverted.
 
 Costs: per lookup and store, one vectorised hash of the prompt (numpy,
 O(tokens)) and the miniature caches' own O(log n) steps on the sampled pages;
 per candidate, one heap entry per expert. Extra memory is bounded: four
-miniatures of at most SAMPLE_PAGES pages, reuse's and tempo's ghosts. Every
+miniatures of at most SAMPLE_PAGES pages, reuse's and tempo's ghosts. A
+smaller sample would save memory but buys less evidence (scripts/suite
+--guard-sample-pages N): 2,048 kept the suite's and the real traces'
+figures (none below 0.99x LRU), 1,024 fell below 0.99x at 4 points of
+Mooncake's traces (worst 0.94x) and 512 at 2 (0.95x, 0.96x); 4,096 keeps a
+factor of 4 from that. Every
 expert counts in ticks and events, never seconds, so replays in process and
 through the daemon agree to the token.
 """

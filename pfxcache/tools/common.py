@@ -8,6 +8,7 @@ line where it matters), without matplotlib a plot is skipped with a note. Both c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import sys
@@ -36,6 +37,35 @@ def tool_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
 def command_line(name: str, argv: list[str] | None = None) -> str:
     """The command as a user typed it, for the output and the plot titles: ``scripts/<name> ARGS``."""
     return " ".join([f"scripts/{name}", *(sys.argv[1:] if argv is None else argv)]).strip()
+
+
+@contextlib.contextmanager
+def guard_sample_pages(pages: int | None):
+    """Within: every guard a store makes has miniatures of at most ``pages`` pages (None: the default).
+
+    For tools that ask what the sample's size buys (``--guard-sample-pages``); the default is back after.
+    """
+    from pfxcache.daemon.store import guard
+
+    default = guard.SAMPLE_PAGES
+    if pages is not None:
+        guard.SAMPLE_PAGES = pages  # read whenever a store makes its guard
+    try:
+        yield guard.SAMPLE_PAGES
+    finally:
+        guard.SAMPLE_PAGES = default
+
+
+def add_guard_sample_pages(parser: argparse.ArgumentParser) -> None:
+    """The ``--guard-sample-pages N`` option (main() checks it with check_guard_sample_pages)."""
+    parser.add_argument("--guard-sample-pages", type=int, metavar="N",
+                        help="guard's miniatures hold at most N pages (default 4096, its SAMPLE_PAGES): "
+                             "what the sample's size buys")
+
+
+def check_guard_sample_pages(parser: argparse.ArgumentParser, pages: int | None) -> None:
+    if pages is not None and pages < 1:
+        parser.error("--guard-sample-pages must be 1 or more")
 
 
 def machine() -> dict:

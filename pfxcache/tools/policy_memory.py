@@ -36,7 +36,7 @@ import sys
 import tracemalloc
 import types
 
-from pfxcache.tools.common import progress_bar
+from pfxcache.tools.common import add_guard_sample_pages, check_guard_sample_pages, guard_sample_pages, progress_bar
 
 COMPONENTS = ("tree", "node policy data", "sample hashes", "orders", "evicted nodes", "ghosts", "miniatures",
               "rest")
@@ -246,11 +246,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", default="lru,guard", help="policies, lru first (default lru,guard)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_guard_sample_pages(parser)
     args = parser.parse_args(argv)
     policies = args.policies.split(",")
     if policies[0] != "lru":
         parser.error("--policies must start with lru (the reference)")
-    rows = compare(args.workloads.split(","), [int(c) for c in args.capacities.split(",")], policies, args.quiet)
+    check_guard_sample_pages(parser, args.guard_sample_pages)
+    with guard_sample_pages(args.guard_sample_pages):
+        rows = compare(args.workloads.split(","), [int(c) for c in args.capacities.split(",")], policies, args.quiet)
     print(json.dumps(rows, indent=1) if args.json else _table(rows))
     return 0
 

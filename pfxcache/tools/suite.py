@@ -40,7 +40,8 @@ import time
 from pathlib import Path
 
 from . import replay, workloads
-from .common import OUT, command_line, progress_bar, save_plot, shown, tool_parser
+from .common import (OUT, add_guard_sample_pages, check_guard_sample_pages, command_line, guard_sample_pages,
+                     progress_bar, save_plot, shown, tool_parser)
 
 FRACTIONS = (0.005, 0.02, 0.06, 0.2)
 DEFAULT_POLICIES = "lru,lfu,hybrid,ghost,reuse,tempo,guard"
@@ -182,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, default=0, metavar="K",
                         help="K requests computing at once: a request stores and releases its lease only after "
                              "the next K have looked up, and is cut to capacity / (K + 1) pages (default 0)")
+    add_guard_sample_pages(parser)
     parser.add_argument("--trace", action="append", default=[], metavar="PATH",
                         help="also a trace file or directory of yours (any scripts/replay format; repeatable): "
                              "only these when no --workloads/--half is given")
@@ -196,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     fractions = [float(f) for f in args.fractions.split(",") if f.strip()]
     if args.in_flight < 0:
         parser.error("--in-flight must be 0 or more")
+    check_guard_sample_pages(parser, args.guard_sample_pages)
     if args.workloads:
         names = [w.strip() for w in args.workloads.split(",") if w.strip()]
         for w in names:
@@ -222,12 +225,14 @@ def main(argv: list[str] | None = None) -> int:
     bar = progress_bar(len(names) + len(external), "workloads", "workload", quiet=args.quiet)
     started = time.perf_counter()
     runs = []
-    for name in [*names, *external]:
-        bar.set_postfix_str(name)
-        run = run_workload(name, policies, fractions, args.seed, trace=external.get(name), in_flight=args.in_flight)
-        run["fractions"] = fractions
-        runs.append(run)
-        bar.update(1)
+    with guard_sample_pages(args.guard_sample_pages) as sample_pages:
+        for name in [*names, *external]:
+            bar.set_postfix_str(name)
+            run = run_workload(name, policies, fractions, args.seed, trace=external.get(name),
+                               in_flight=args.in_flight)
+            run["fractions"] = fractions
+            runs.append(run)
+            bar.update(1)
     bar.close()
     command = command_line("suite", argv)
     halves = [(title, [r for r in runs if r["workload"] in half])
@@ -241,13 +246,14 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs:
             run["results"] = {p: {str(c): v for c, v in r.items()} for p, r in run["results"].items()}
         print(json.dumps({"command": command, "policies": policies, "fractions": fractions,
-                          "in_flight": args.in_flight, "runs": runs,
+                          "in_flight": args.in_flight, "guard_sample_pages": sample_pages, "runs": runs,
                           "summary": {t: summary(_intkeys(rs), policies) for t, rs in halves},
                           "seconds": round(time.perf_counter() - started, 1)}, indent=2))
         return 0
     print(f"$ {command}\n{len(runs)} workloads, seed {args.seed}, capacities at "
           f"{', '.join(f'{f:.1%}' for f in fractions)} of each workload's distinct pages; "
-          + (f"{args.in_flight} requests in flight; " if args.in_flight else "") +
+          + (f"{args.in_flight} requests in flight; " if args.in_flight else "")
+          + (f"guard's miniatures of {sample_pages} pages; " if args.guard_sample_pages is not None else "") +
           f"{time.perf_counter() - started:.0f} s")
     for title, rs in halves:
         print_half(title, rs, policies)
