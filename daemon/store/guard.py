@@ -85,9 +85,10 @@ was the real cache exactly and that point rose to 1.50x, but tempo took over
 at lookup 928 of Mooncake's first half at 10 % and the real cache fell to
 0.94x (16 in flight) and 0.97x (4) LRU: by lookup 1,120 tempo's miniature
 hit 2,693 sampled pages, LRU's 1,697, the real cache under tempo's order
-1,558 (likely because the real cache's tempo learned its paces under LRU's
-evictions, so it is not the tempo of the miniature: a switch cannot inherit
-the miniature's lead). Reverted.
+1,558: a switch does not inherit the miniature's lead (the cache tempo
+takes over holds what LRU kept, its paces learned under LRU's evictions;
+forced at lookup 900 with none in flight, the real cache hit 676 pages in
+the last 300 requests, LRU 782, tempo alone 864). Reverted.
 
 Costs: per lookup and store, one vectorised hash of the prompt (numpy,
 O(tokens)) and the miniature caches' own O(log n) steps on the sampled pages;
