@@ -88,7 +88,7 @@ hit 2,693 sampled pages, LRU's 1,697, the real cache under tempo's order
 1,558: a switch does not inherit the miniature's lead (the cache tempo
 takes over holds what LRU kept, its paces learned under LRU's evictions;
 forced at lookup 900 with none in flight, the real cache hit 676 pages in
-the last 300 requests, LRU 782, tempo alone 864). Reverted.
+the last 225 requests, LRU 782, tempo alone 864). Reverted.
 
 Costs: per lookup and store, one vectorised hash of the prompt (numpy,
 O(tokens)) and the miniature caches' own O(log n) steps on the sampled pages;
