@@ -58,12 +58,15 @@ def guard_sample_pages(pages: int | None):
 
 def add_guard_sample_pages(parser: argparse.ArgumentParser) -> None:
     """The ``--guard-sample-pages N`` option (main() checks it with check_guard_sample_pages)."""
+    from pfxcache.daemon.store import guard
+
     parser.add_argument("--guard-sample-pages", type=int, metavar="N",
-                        help="guard's miniatures hold at most N pages (default 4096, its SAMPLE_PAGES): "
+                        help=f"guard's miniatures hold at most N pages (default {guard.SAMPLE_PAGES}): "
                              "what the sample's size buys")
 
 
 def check_guard_sample_pages(parser: argparse.ArgumentParser, pages: int | None) -> None:
+    """Refuse a sample of no page."""
     if pages is not None and pages < 1:
         parser.error("--guard-sample-pages must be 1 or more")
 
