@@ -77,18 +77,11 @@ real cache above) but let tempo take over late, at lookup 928 of Mooncake's
 synthetic first half at 10 %, where the real cache then fell to 0.92x-0.93x
 LRU (4 and 16 in flight): reverted. Pinning each miniature's hit under the
 lookup's lease until the lease ends (the store's pins, modelled) was tried
-too. With stores at the lookup, 4 in flight gained a little (the suite's
-halves 1.081x / 1.067x -> 1.088x / 1.080x LRU), but with 16 reuse's
-miniature led by less and never took over at the shared trace's 0.5 %:
-1.31x -> 1.00x. With stores at the worker's store as well, the LRU miniature
-was the real cache exactly and that point rose to 1.50x, but tempo took over
-at lookup 928 of Mooncake's first half at 10 % and the real cache fell to
-0.94x (16 in flight) and 0.97x (4) LRU: by lookup 1,120 tempo's miniature
-hit 2,693 sampled pages, LRU's 1,697, the real cache under tempo's order
-1,558: a switch does not inherit the miniature's lead (the cache tempo
-takes over holds what LRU kept, its paces learned under LRU's evictions;
-forced at lookup 900 with none in flight, the real cache hit 676 pages in
-the last 225 requests, LRU 782, tempo alone 864). Reverted.
+too, with either store: the LRU miniature then was the real cache, but tempo
+took over at that same point and the real cache fell to 0.94x LRU (16 in
+flight), a switch not inheriting the miniature's lead; with stores at the
+lookup, the shared trace at 0.5 % with 16 in flight fell 1.31x -> 1.00x.
+Reverted (scripts/README.md, "Requests in flight").
 
 Costs: per lookup and store, one vectorised hash of the prompt (numpy,
 O(tokens)) and the miniature caches' own O(log n) steps on the sampled pages;

@@ -56,19 +56,20 @@ def guard_sample_pages(pages: int | None):
         guard.SAMPLE_PAGES = default
 
 
+def _sample_pages(text: str) -> int:
+    pages = int(text)
+    if pages < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return pages
+
+
 def add_guard_sample_pages(parser: argparse.ArgumentParser) -> None:
-    """The ``--guard-sample-pages N`` option (main() checks it with check_guard_sample_pages)."""
+    """The ``--guard-sample-pages N`` option (N >= 1; for guard_sample_pages())."""
     from pfxcache.daemon.store import guard
 
-    parser.add_argument("--guard-sample-pages", type=int, metavar="N",
+    parser.add_argument("--guard-sample-pages", type=_sample_pages, metavar="N",
                         help=f"guard's miniatures hold at most N pages (default {guard.SAMPLE_PAGES}): "
                              "what the sample's size buys")
-
-
-def check_guard_sample_pages(parser: argparse.ArgumentParser, pages: int | None) -> None:
-    """Refuse a sample of no page."""
-    if pages is not None and pages < 1:
-        parser.error("--guard-sample-pages must be 1 or more")
 
 
 def machine() -> dict:

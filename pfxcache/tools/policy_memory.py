@@ -36,7 +36,7 @@ import sys
 import tracemalloc
 import types
 
-from pfxcache.tools.common import add_guard_sample_pages, check_guard_sample_pages, guard_sample_pages, progress_bar
+from pfxcache.tools.common import add_guard_sample_pages, guard_sample_pages, progress_bar
 
 COMPONENTS = ("tree", "node policy data", "sample hashes", "orders", "evicted nodes", "ghosts", "miniatures",
               "rest")
@@ -251,7 +251,6 @@ def main(argv: list[str] | None = None) -> int:
     policies = args.policies.split(",")
     if policies[0] != "lru":
         parser.error("--policies must start with lru (the reference)")
-    check_guard_sample_pages(parser, args.guard_sample_pages)
     with guard_sample_pages(args.guard_sample_pages):
         rows = compare(args.workloads.split(","), [int(c) for c in args.capacities.split(",")], policies, args.quiet)
     print(json.dumps(rows, indent=1) if args.json else _table(rows))

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from . import replay, workloads
-from .common import (OUT, add_guard_sample_pages, check_guard_sample_pages, command_line, guard_sample_pages,
+from .common import (OUT, add_guard_sample_pages, command_line, guard_sample_pages,
                      progress_bar, save_plot, shown, tool_parser)
 
 FRACTIONS = (0.005, 0.02, 0.06, 0.2)
@@ -198,7 +198,6 @@ def main(argv: list[str] | None = None) -> int:
     fractions = [float(f) for f in args.fractions.split(",") if f.strip()]
     if args.in_flight < 0:
         parser.error("--in-flight must be 0 or more")
-    check_guard_sample_pages(parser, args.guard_sample_pages)
     if args.workloads:
         names = [w.strip() for w in args.workloads.split(",") if w.strip()]
         for w in names:
