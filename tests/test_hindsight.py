@@ -1,8 +1,12 @@
-"""pfxcache.tools.hindsight: its page-granular LRU is the store's LRU, Belady bounds every rule."""
+"""pfxcache.tools.hindsight and fifo_family: the page-granular LRU is the store's LRU, Belady bounds every rule."""
 
 from __future__ import annotations
 
-from pfxcache.tools import hindsight, replay
+import itertools
+
+import pytest
+
+from pfxcache.tools import fifo_family, hindsight, replay
 
 from test_replay import B
 from policy_support import chatty_trace
@@ -27,3 +31,58 @@ def test_study_reports_what_belady_keeps():
     assert r["hit_pages"]["belady"] >= r["hit_pages"]["told 256"] >= r["hit_pages"]["lru"]
     assert r["hit_pages"]["belady"] >= r["hit_pages"]["shares 500"]
     assert sum(r["gaps"].values()) == sum(r["kinds"].values()) > 0
+
+
+def test_study_runs_the_page_classes_and_the_fifo_family_under_belady():
+    r = hindsight.study("chat", 0.005, [256], weights=(500,))
+    for rule in ("pages 500", "s3-fifo", "sieve"):
+        assert r["hit_pages"]["belady"] >= r["hit_pages"][rule] > 0
+
+
+def test_the_fifo_family_keeps_a_prompt_hit_once_through_a_flood_that_lru_forgets():
+    # Prompt A (pages 1-4) twice, then 40 one-off requests of 5 pages (200 pages through a 20-page
+    # cache), then A again: LRU has forgotten A; SIEVE's visited bit and S3-FIFO's main FIFO keep it.
+    a = [1, 2, 3, 4]
+    ids = itertools.count(100)
+    chains = [a, a, *[[next(ids) for _ in range(5)] for _ in range(40)], a]
+    nxt = hindsight.next_uses(chains)
+    lru = hindsight.simulate(chains, nxt, 20, lambda i, d, nu: (i, -d))
+    assert lru[-1] == 0
+    for rule in fifo_family.RULES:
+        hits = fifo_family.simulate(chains, 20, rule)
+        assert hits[1] == 4 and hits[-1] == 4, rule
+        assert sum(hits) == 8, rule  # the one-offs never hit
+
+
+@pytest.mark.parametrize("rule", sorted(fifo_family.RULES))
+def test_the_fifo_family_holds_its_capacity_and_evicts_leaves_only(rule):
+    trace = chatty_trace(requests=1500)
+    chains = replay.page_chains(trace, B)
+    capacity = 32
+    cache = fifo_family.RULES[rule](capacity)
+    for chain in chains:  # fifo_family.simulate's steps, checking the cache after each request
+        k = 0
+        while k < len(chain) and chain[k] in cache:
+            k += 1
+        for page in chain[:k]:
+            cache.hit(page)
+        for _ in range(len(cache) + len(chain) - k - capacity):
+            cache.evict(set(chain))
+        assert all(page in cache for page in chain[:k])  # the request's own pages stay
+        for d in range(k, len(chain)):
+            cache.insert(chain[d], chain[d - 1] if d else -1)
+        assert len(cache) <= capacity
+        assert all(up < 0 or up in cache for up in cache.parent.values())  # every cached page's prefix is cached
+    belady = replay.belady(trace, chains, capacity, B, quiet=True)["hit_tokens"]
+    assert 0 < sum(fifo_family.simulate(chains, capacity, rule)) * B <= belady
+
+
+def test_hindsight_reads_a_trace_of_yours(tmp_path, capsys):
+    f = tmp_path / "theirs.jsonl"
+    f.write_text("".join(f'{{"timestamp": {i}, "input_length": {3 * 512}, "hash_ids": [0, 1, {2 + i % 5}]}}\n'
+                         for i in range(60)))
+    assert hindsight.main(["--trace", str(f), "--fraction", "0.5", "--horizons", "4,16",
+                           "--share-weights", "10"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("theirs: 60 requests, 7 distinct pages, capacity 16 pages")
+    assert "s3-fifo" in out and "sieve" in out and "pages 10" in out

@@ -2,7 +2,7 @@
 
 Page-granular caches of ``--fraction`` x the workload's distinct pages, each
 request handled as replay does (look up the longest cached prefix, store the
-rest, never evict a page of the request being stored), under three rules:
+rest, never evict a page of the request being stored), under these rules:
 
 * ``lru``: the least recently used page first (deepest first within a
   request: a prefix outlives its continuations, as in the store);
@@ -14,7 +14,13 @@ rest, never evict a page of the request being stored), under three rules:
   it) moved W requests later per unit of the share of requests of that
   request's class (pages added, turn) whose last page comes back within the
   largest H, counted over the whole workload: what a policy that learned
-  those shares perfectly could get from them.
+  those shares perfectly could get from them;
+* ``pages W``: the same per page, with finer classes learned as perfectly:
+  the share of accesses of the page's class (its accesses so far, its depth,
+  the requests since its previous access, the pages its request added) whose
+  page comes back within the *smallest* H;
+* ``s3-fifo``, ``sieve``: two FIFO-based policies of the literature
+  (``fifo_family``), run the same way.
 
 Then the pages Belady hits and LRU misses, by the requests since the page's
 previous access (its reuse gap) and by what that access was: the same path
@@ -27,6 +33,7 @@ requests it continues).
 
     python -m pfxcache.tools.hindsight                    # the shared trace at 4 %
     python -m pfxcache.tools.hindsight --workload chat --fraction 0.005 --horizons 256,1024
+    python -m pfxcache.tools.hindsight --trace their.jsonl --fraction 0.02   # a real trace of yours
 """
 
 from __future__ import annotations
@@ -34,8 +41,9 @@ from __future__ import annotations
 import heapq
 import sys
 from collections import Counter
+from pathlib import Path
 
-from . import replay, workloads
+from . import fifo_family, replay, workloads
 from .common import tool_parser
 
 NEVER = 1 << 62
@@ -160,6 +168,28 @@ def classes(chains: list[list[int]]) -> list[tuple[str, str]]:
     return out
 
 
+def page_classes(chains: list[list[int]]) -> list[list[tuple[int, int, int, int]]]:
+    """Per request and page, what the cache can see of that page when it is accessed: the octaves of its
+    accesses so far (up to 6), of its depth (halved), of the requests since its previous access (up to
+    12; 0 for a first access) and of the pages the request added (up to 8)."""
+    count: Counter = Counter()
+    last: dict[int, int] = {}
+    seen: set[int] = set()
+    out = []
+    for i, chain in enumerate(chains):
+        added = sum(1 for p in chain if p not in seen)
+        seen.update(chain)
+        row = []
+        for d, p in enumerate(chain):
+            gap = i - last[p] if p in last else 0
+            row.append((min(count[p].bit_length(), 6), d.bit_length() // 2, min(gap.bit_length(), 12),
+                        min(added.bit_length(), 8)))
+            count[p] += 1
+            last[p] = i
+        out.append(row)
+    return out
+
+
 def returns(chains: list[list[int]], nxt: list[list[int]], horizon: int) -> dict[str, Counter]:
     """Per request: does its last page come back within ``horizon`` requests, by pages added and by turn."""
     by: dict[str, Counter] = {"pages added": Counter(), "turn": Counter()}
@@ -171,9 +201,14 @@ def returns(chains: list[list[int]], nxt: list[list[int]], horizon: int) -> dict
     return by
 
 
-def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weights: tuple[int, ...] = ()) -> dict:
-    trace = workloads.SUITE[name](seed)
-    chains = replay.page_chains(trace, trace.block_tokens)
+def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weights: tuple[int, ...] = (),
+          trace: replay.Trace | None = None) -> dict:
+    """``trace``: study this one (a file given with --trace) instead of the suite's workload ``name``."""
+    if trace is None:
+        trace = workloads.SUITE[name](seed)
+    else:
+        name = trace.name
+    chains = replay.page_chains(trace, trace.page_tokens or trace.block_tokens)
     distinct = len({p for chain in chains for p in chain})
     capacity = max(16, round(distinct * fraction))
     nxt = next_uses(chains)
@@ -192,6 +227,20 @@ def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weight
         share = [came[c] / total[c] if total[c] else 0.0 for c in cls]
         for w in weights:
             runs[f"shares {w}"] = simulate(chains, nxt, capacity, lambda i, d, nu, w=w: (i + w * share[i], -d))
+    if weights and horizons:
+        cls = page_classes(chains)
+        horizon = min(horizons)
+        came, total = Counter(), Counter()
+        for i, chain in enumerate(chains):
+            for d in range(len(chain)):
+                total[cls[i][d]] += 1
+                came[cls[i][d]] += nxt[i][d] - i <= horizon
+        page_share = {c: came[c] / n for c, n in total.items()}
+        for w in weights:
+            runs[f"pages {w}"] = simulate(chains, nxt, capacity,
+                                          lambda i, d, nu, w=w: (i + w * page_share[cls[i][d]], -d))
+    for rule in fifo_family.RULES:
+        runs[rule] = fifo_family.simulate(chains, capacity, rule)
     prev = previous_accesses(chains)
     gaps: Counter = Counter()
     kinds: Counter = Counter()
@@ -210,13 +259,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workload", default="trace", choices=sorted(workloads.SUITE), help="suite workload")
     parser.add_argument("--fraction", type=float, default=0.04, help="capacity, share of distinct pages")
     parser.add_argument("--horizons", default="512,1024,2048,4096", help="requests, for the told rules")
+    parser.add_argument("--trace", metavar="PATH",
+                        help="a trace of yours in any format scripts/replay reads, instead of --workload")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--share-weights", default="1000,2000,4000",
                         help="requests per unit of share, for the shares rules (empty: none)")
     args = parser.parse_args(argv)
     horizons = [int(h) for h in args.horizons.split(",") if h.strip()]
     weights = tuple(int(w) for w in args.share_weights.split(",") if w.strip())
-    r = study(args.workload, args.fraction, horizons, args.seed, weights)
+    trace = replay.read_trace([Path(args.trace)], "auto", False) if args.trace else None
+    r = study(args.workload, args.fraction, horizons, args.seed, weights, trace)
     hits = r["hit_pages"]
     print(f"{r['workload']}: {r['requests']:,} requests, {r['distinct']:,} distinct pages, "
           f"capacity {r['capacity']:,} pages ({args.fraction:.1%})")
