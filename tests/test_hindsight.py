@@ -35,7 +35,7 @@ def test_study_reports_what_belady_keeps():
 
 def test_study_runs_the_page_classes_and_the_fifo_family_under_belady():
     r = hindsight.study("chat", 0.005, [256], weights=(500,))
-    for rule in ("pages 500", "s3-fifo", "sieve"):
+    for rule in ("pages 500", "online 500", "s3-fifo", "sieve"):
         assert r["hit_pages"]["belady"] >= r["hit_pages"][rule] > 0
 
 
@@ -86,3 +86,12 @@ def test_hindsight_reads_a_trace_of_yours(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("theirs: 60 requests, 7 distinct pages, capacity 16 pages")
     assert "s3-fifo" in out and "sieve" in out and "pages 10" in out
+
+
+def test_online_shares_use_only_what_was_seen_before_each_request():
+    chains = replay.page_chains(chatty_trace(requests=800), B)
+    cut = chains[:500]
+    whole = hindsight.online_page_shares(chains, hindsight.next_uses(chains), hindsight.page_classes(chains), 64)
+    early = hindsight.online_page_shares(cut, hindsight.next_uses(cut), hindsight.page_classes(cut), 64)
+    assert whole[:500] == early  # the requests after 500 change nothing before them
+    assert len({s for row in whole for s in row}) > 2  # and the shares do move as they are learned

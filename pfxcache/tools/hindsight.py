@@ -19,6 +19,8 @@ rest, never evict a page of the request being stored), under these rules:
   the share of accesses of the page's class (its accesses so far, its depth,
   the requests since its previous access, the pages its request added) whose
   page comes back within the *smallest* H;
+* ``online W``: the same shares as a policy could learn them, as it goes:
+  an access counts once its page came back or H requests passed;
 * ``s3-fifo``, ``sieve``: two FIFO-based policies of the literature
   (``fifo_family``), run the same way.
 
@@ -190,6 +192,35 @@ def page_classes(chains: list[list[int]]) -> list[list[tuple[int, int, int, int]
     return out
 
 
+def online_page_shares(chains: list[list[int]], nxt: list[list[int]], cls: list[list[tuple]],
+                       horizon: int) -> list[list[float]]:
+    """Per request and page, its class's share of returns within ``horizon`` as learned up to that request:
+    an access counts once its page came back, or once ``horizon`` requests passed without it (a policy
+    sees that much; here with no bound on what it remembers). A class seen less than a few times leans
+    on the pooled share."""
+    came: Counter = Counter()
+    total: Counter = Counter()
+    pending: list[tuple[int, tuple, bool]] = []  # (request at which the access is settled, class, came back)
+    all_came = all_total = 0
+    out = []
+    for i, chain in enumerate(chains):
+        while pending and pending[0][0] <= i:
+            _, c, back = heapq.heappop(pending)
+            total[c] += 1
+            came[c] += back
+            all_total += 1
+            all_came += back
+        pooled = all_came / all_total if all_total else 0.0
+        row = []
+        for d in range(len(chain)):
+            c = cls[i][d]
+            row.append((came[c] + 2 * pooled) / (total[c] + 2))
+            back = nxt[i][d] - i <= horizon
+            heapq.heappush(pending, (nxt[i][d] if back else i + horizon, c, back))
+        out.append(row)
+    return out
+
+
 def returns(chains: list[list[int]], nxt: list[list[int]], horizon: int) -> dict[str, Counter]:
     """Per request: does its last page come back within ``horizon`` requests, by pages added and by turn."""
     by: dict[str, Counter] = {"pages added": Counter(), "turn": Counter()}
@@ -236,9 +267,11 @@ def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weight
                 total[cls[i][d]] += 1
                 came[cls[i][d]] += nxt[i][d] - i <= horizon
         page_share = {c: came[c] / n for c, n in total.items()}
+        learned = online_page_shares(chains, nxt, cls, horizon)
         for w in weights:
             runs[f"pages {w}"] = simulate(chains, nxt, capacity,
                                           lambda i, d, nu, w=w: (i + w * page_share[cls[i][d]], -d))
+            runs[f"online {w}"] = simulate(chains, nxt, capacity, lambda i, d, nu, w=w: (i + w * learned[i][d], -d))
     for rule in fifo_family.RULES:
         runs[rule] = fifo_family.simulate(chains, capacity, rule)
     prev = previous_accesses(chains)
