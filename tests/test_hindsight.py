@@ -54,6 +54,12 @@ def test_the_fifo_family_keeps_a_prompt_hit_once_through_a_flood_that_lru_forget
         assert sum(hits) == 8, rule  # the one-offs never hit
 
 
+def test_sieve_spares_a_visited_prefix_after_the_page_below_it_goes():
+    # Page 0 is hit (visited), then passed by the hand; page 1 below it goes first. Page 0, a leaf now,
+    # keeps its reprieve: the never-hit pages 2 and 3 go before it, and its last request hits.
+    assert fifo_family.simulate([[0], [0, 1], [2], [3], [4], [0]], 3, "sieve") == [0, 1, 0, 0, 0, 1]
+
+
 @pytest.mark.parametrize("rule", sorted(fifo_family.RULES))
 def test_the_fifo_family_holds_its_capacity_and_evicts_leaves_only(rule):
     trace = chatty_trace(requests=1500)

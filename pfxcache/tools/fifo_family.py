@@ -9,8 +9,9 @@ the evictions that make room for them.
 
 * **S3-FIFO** (Yang et al., "FIFO queues are all you need for cache
   eviction", SOSP 2023): new pages enter a small FIFO (SMALL_SHARE of the
-  capacity); one hit there moves a page to the main FIFO when it reaches the
-  small FIFO's end, none sends it to a ghost FIFO of ids (as many as the main
+  capacity); a page hit there at least once moves to the main FIFO when it
+  reaches the small FIFO's end (MOVE_HITS: libCacheSim's first S3-FIFO; its
+  later default asks 2), others go to a ghost FIFO of ids (as many as the main
   FIFO holds); a page whose id is in the ghost enters the main FIFO directly.
   The main FIFO reinserts a page with hits, one fewer each time (at most
   MAX_FREQ).
@@ -20,8 +21,10 @@ the evictions that make room for them.
   passes and evicts the first page it finds unvisited. Kept as a heap of
   (sweep, insertion number): a page the hand passes is due in the next sweep,
   a new page in the current one (it lies ahead of the hand), so each step is
-  O(log n). A page passed only because a cached page lay below it returns
-  to its place once that page is evicted, unless it was visited.
+  O(log n). Once the hand has passed the newest page it wraps, and pages
+  stored after that wait for the next sweep. A page passed unvisited, only
+  because a cached page lay below it, returns to its place once that page is
+  evicted (unless it was visited since).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from collections import OrderedDict
 
 SMALL_SHARE = 0.1  # the small FIFO's share of S3-FIFO's capacity (the paper's)
 MAX_FREQ = 3  # hits a page of S3-FIFO's main FIFO keeps count of (the paper's)
+MOVE_HITS = 1  # hits in S3-FIFO's small FIFO that move a page to the main one
 
 
 class _PrefixPages:
@@ -91,33 +95,33 @@ class S3FIFO(_PrefixPages):
     def evict(self, pinned: set[int]) -> None:
         """Evict one page (one must be evictable)."""
         small, main = self.small, self.main
-        passed_small = passed_main = 0  # blocked pages popped since the last change: past a whole FIFO, try the other
+        blocked_small = blocked_main = 0  # pages that could not go, popped since the last change: past a whole FIFO, try the other
         while True:
-            main_passed = passed_main > len(main)
-            if small and passed_small <= len(small) and (len(small) >= self.small_limit or not main or main_passed):
+            main_all_blocked = blocked_main > len(main)
+            if small and blocked_small <= len(small) and (len(small) >= self.small_limit or not main or main_all_blocked):
                 page, _ = small.popitem(last=False)
                 if not self.evictable(page, pinned):
                     small[page] = None
-                    passed_small += 1
-                elif self.freq[page] > 0:
+                    blocked_small += 1
+                elif self.freq[page] >= MOVE_HITS:
                     self.freq[page] = 0
                     main[page] = None
-                    passed_small = passed_main = 0  # main has a page the hand has not seen
+                    blocked_small = blocked_main = 0  # main has a page this call has not tried
                 else:
                     self._drop(page)
                     self.ghost[page] = None
                     if len(self.ghost) > self.ghost_limit:
                         self.ghost.popitem(last=False)
                     return
-            elif main and not main_passed:
+            elif main and not main_all_blocked:
                 page, _ = main.popitem(last=False)
                 if not self.evictable(page, pinned):
                     main[page] = None
-                    passed_main += 1
+                    blocked_main += 1
                 elif self.freq[page] > 0:
                     self.freq[page] -= 1
                     main[page] = None
-                    passed_main = 0  # a hit spent: the next pass may find it unhit
+                    blocked_main = 0  # a hit spent: the next pass may find it unhit
                 else:
                     self._drop(page)
                     return
@@ -140,6 +144,7 @@ class SIEVE(_PrefixPages):
         self.due: dict[int, tuple[int, int, int]] = {}  # cached page -> its valid heap entry
         self.sweep = 0  # the hand's current sweep
         self.visited: dict[int, bool] = {}
+        self.held: set[int] = set()  # pages passed unvisited, only because a cached page lay below them
         self._seq = itertools.count()
 
     def hit(self, page: int) -> None:
@@ -160,19 +165,27 @@ class SIEVE(_PrefixPages):
             entry = heapq.heappop(heap)
             sweep, seq, page = entry
             if self.due.get(page) != entry:
-                continue  # refiled
+                continue  # superseded: the page was filed again since
             self.sweep = sweep
             if self.visited[page] or not self.evictable(page, pinned):
+                if not self.visited[page]:
+                    self.held.add(page)  # spared for what lies below it, not for a visit
                 self.visited[page] = False
                 self._file((sweep + 1, seq, page))  # passed: behind the hand until it wraps
                 continue
             up = self.parent[page]
             self.remove(page)
             del self.visited[page], self.due[page]
-            if up >= 0 and not self.below.get(up) and not self.visited[up]:
+            self.held.discard(page)
+            if up in self.held and not self.below.get(up) and not self.visited[up]:
                 # Its prefix, passed only because this page lay below it, is a leaf now and back where
                 # its insertion put it: a one-off request's pages go together, deepest first.
+                self.held.discard(up)
                 self._file((sweep, self.due[up][1], up))
+            while heap and self.due.get(heap[0][2]) != heap[0]:
+                heapq.heappop(heap)
+            if not heap or heap[0][0] > sweep:
+                self.sweep = sweep + 1  # the hand reached the newest page: it wraps, and new pages queue behind
             return
 
 

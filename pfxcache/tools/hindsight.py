@@ -196,8 +196,9 @@ def online_page_shares(chains: list[list[int]], nxt: list[list[int]], cls: list[
                        horizon: int) -> list[list[float]]:
     """Per request and page, its class's share of returns within ``horizon`` as learned up to that request:
     an access counts once its page came back, or once ``horizon`` requests passed without it (a policy
-    sees that much; here with no bound on what it remembers). A class seen less than a few times leans
-    on the pooled share."""
+    sees that much; here with no bound on what it remembers). Each class's share is smoothed towards the
+    pooled share of all classes, with the weight of two accesses (a class seen a few times is mostly the
+    pool)."""
     came: Counter = Counter()
     total: Counter = Counter()
     pending: list[tuple[int, tuple, bool]] = []  # (request at which the access is settled, class, came back)
@@ -259,18 +260,18 @@ def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weight
         for w in weights:
             runs[f"shares {w}"] = simulate(chains, nxt, capacity, lambda i, d, nu, w=w: (i + w * share[i], -d))
     if weights and horizons:
-        cls = page_classes(chains)
+        page_cls = page_classes(chains)
         horizon = min(horizons)
-        came, total = Counter(), Counter()
+        page_came, page_total = Counter(), Counter()
         for i, chain in enumerate(chains):
             for d in range(len(chain)):
-                total[cls[i][d]] += 1
-                came[cls[i][d]] += nxt[i][d] - i <= horizon
-        page_share = {c: came[c] / n for c, n in total.items()}
-        learned = online_page_shares(chains, nxt, cls, horizon)
+                page_total[page_cls[i][d]] += 1
+                page_came[page_cls[i][d]] += nxt[i][d] - i <= horizon
+        page_share = {c: page_came[c] / n for c, n in page_total.items()}
+        learned = online_page_shares(chains, nxt, page_cls, horizon)
         for w in weights:
             runs[f"pages {w}"] = simulate(chains, nxt, capacity,
-                                          lambda i, d, nu, w=w: (i + w * page_share[cls[i][d]], -d))
+                                          lambda i, d, nu, w=w: (i + w * page_share[page_cls[i][d]], -d))
             runs[f"online {w}"] = simulate(chains, nxt, capacity, lambda i, d, nu, w=w: (i + w * learned[i][d], -d))
     for rule in fifo_family.RULES:
         runs[rule] = fifo_family.simulate(chains, capacity, rule)
