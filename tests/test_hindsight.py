@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 
@@ -35,29 +36,84 @@ def test_study_reports_what_belady_keeps():
 
 def test_study_runs_the_page_classes_and_the_fifo_family_under_belady():
     r = hindsight.study("chat", 0.005, [256], weights=(500,))
-    for rule in ("pages 500", "online 500", "s3-fifo", "sieve"):
+    for rule in ("pages 500", "online 500", *fifo_family.RULES):
         assert r["hit_pages"]["belady"] >= r["hit_pages"][rule] > 0
 
 
-def test_the_fifo_family_keeps_a_prompt_hit_once_through_a_flood_that_lru_forgets():
+@pytest.mark.parametrize("rule, last", [("s3-fifo", 4), ("sieve-prefix", 4), ("sieve", 0)])
+def test_who_keeps_a_prompt_hit_once_through_a_flood_that_lru_forgets(rule, last):
     # Prompt A (pages 1-4) twice, then 40 one-off requests of 5 pages (200 pages through a 20-page
-    # cache), then A again: LRU has forgotten A; SIEVE's visited bit and S3-FIFO's main FIFO keep it.
+    # cache), then A again: LRU has forgotten A; S3-FIFO's main FIFO keeps it, and SIEVE's visited bit
+    # does once the one-offs' prefixes go with their last pages. Plain SIEVE passes those prefixes as it
+    # passes visited pages, wraps, and finds A unvisited: it forgets A as LRU does.
     a = [1, 2, 3, 4]
     ids = itertools.count(100)
     chains = [a, a, *[[next(ids) for _ in range(5)] for _ in range(40)], a]
     nxt = hindsight.next_uses(chains)
-    lru = hindsight.simulate(chains, nxt, 20, lambda i, d, nu: (i, -d))
-    assert lru[-1] == 0
-    for rule in fifo_family.RULES:
-        hits = fifo_family.simulate(chains, 20, rule)
-        assert hits[1] == 4 and hits[-1] == 4, rule
-        assert sum(hits) == 8, rule  # the one-offs never hit
+    assert hindsight.simulate(chains, nxt, 20, lambda i, d, nu: (i, -d))[-1] == 0
+    hits = fifo_family.simulate(chains, 20, rule)
+    assert hits[1] == 4 and hits[-1] == last
+    assert sum(hits) == 4 + last  # the one-offs never hit
 
 
-def test_sieve_spares_a_visited_prefix_after_the_page_below_it_goes():
+@pytest.mark.parametrize("rule", ["sieve", "sieve-prefix"])
+def test_sieve_spares_a_visited_prefix_after_the_page_below_it_goes(rule):
     # Page 0 is hit (visited), then passed by the hand; page 1 below it goes first. Page 0, a leaf now,
     # keeps its reprieve: the never-hit pages 2 and 3 go before it, and its last request hits.
-    assert fifo_family.simulate([[0], [0, 1], [2], [3], [4], [0]], 3, "sieve") == [0, 1, 0, 0, 0, 1]
+    assert fifo_family.simulate([[0], [0, 1], [2], [3], [4], [0]], 3, rule) == [0, 1, 0, 0, 0, 1]
+
+
+class ListAndHandSIEVE(fifo_family.SIEVE):
+    """SIEVE as the paper states it, a list and a hand (O(n) a step), only leaves going."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.queue: list[int] = []  # oldest first
+        self.hand = None  # the page the hand points at (None: the oldest)
+
+    def insert(self, page: int, up: int) -> None:
+        self.add(page, up)
+        self.queue.append(page)
+        self.visited[page] = False
+
+    def evict(self, pinned: set[int]) -> None:
+        q = self.queue
+        i = q.index(self.hand) if self.hand is not None else 0
+        while self.visited[q[i]] or not self.evictable(q[i], pinned):
+            self.visited[q[i]] = False
+            i = (i + 1) % len(q)
+        page = q.pop(i)
+        self.hand = q[i] if i < len(q) else None  # past the newest page: back to the oldest
+        self.remove(page)
+        del self.visited[page]
+
+
+def random_chains(rng: random.Random) -> list[list[int]]:
+    """Requests over a few shared prefixes of a small alphabet, as page ids of a prefix tree."""
+    ids: dict[tuple[int, int], int] = {}
+    bases = [[rng.randrange(3) for _ in range(8)] for _ in range(rng.randint(1, 4))]
+    chains = []
+    for _ in range(rng.randint(1, 60)):
+        base = rng.choice(bases)
+        tokens = base[: rng.randint(0, len(base))] + [rng.randrange(3) for _ in range(rng.randint(0, 3))]
+        parent, chain = -1, []
+        for token in tokens:
+            parent = ids.setdefault((parent, token), len(ids))
+            chain.append(parent)
+        chains.append(chain)
+    return chains
+
+
+def test_sieve_is_the_papers_list_and_hand():
+    rng = random.Random(3)
+    fifo_family.RULES["list-and-hand"] = ListAndHandSIEVE
+    try:
+        for _ in range(1500):
+            chains, capacity = random_chains(rng), rng.randint(1, 6)
+            assert fifo_family.simulate(chains, capacity, "sieve") == \
+                fifo_family.simulate(chains, capacity, "list-and-hand"), (chains, capacity)
+    finally:
+        del fifo_family.RULES["list-and-hand"]
 
 
 @pytest.mark.parametrize("rule", sorted(fifo_family.RULES))

@@ -22,9 +22,12 @@ the evictions that make room for them.
   (sweep, insertion number): a page the hand passes is due in the next sweep,
   a new page in the current one (it lies ahead of the hand), so each step is
   O(log n). Once the hand has passed the newest page it wraps, and pages
-  stored after that wait for the next sweep. A page passed unvisited, only
+  stored after that wait for the next sweep. A page with a cached page below
+  it is passed as a visited one is: this is the paper's hand, only leaves
+  going. ``sieve-prefix`` differs in one step: a page passed unvisited, only
   because a cached page lay below it, returns to its place once that page is
-  evicted (unless it was visited since).
+  evicted (unless it was visited since), so a one-off request's pages go
+  together.
 """
 
 from __future__ import annotations
@@ -137,6 +140,7 @@ class SIEVE(_PrefixPages):
     """One FIFO and a hand that spares what was visited since it last passed."""
 
     name = "sieve"
+    return_prefixes = False  # a page passed for what lay below it waits for the next sweep, as a visited one
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
@@ -168,7 +172,7 @@ class SIEVE(_PrefixPages):
                 continue  # superseded: the page was filed again since
             self.sweep = sweep
             if self.visited[page] or not self.evictable(page, pinned):
-                if not self.visited[page]:
+                if self.return_prefixes and not self.visited[page]:
                     self.held.add(page)  # spared for what lies below it, not for a visit
                 self.visited[page] = False
                 self._file((sweep + 1, seq, page))  # passed: behind the hand until it wraps
@@ -177,7 +181,7 @@ class SIEVE(_PrefixPages):
             self.remove(page)
             del self.visited[page], self.due[page]
             self.held.discard(page)
-            if up in self.held and not self.below.get(up) and not self.visited[up]:
+            if self.return_prefixes and up in self.held and not self.below.get(up) and not self.visited[up]:
                 # Its prefix, passed only because this page lay below it, is a leaf now and back where
                 # its insertion put it: a one-off request's pages go together, deepest first.
                 self.held.discard(up)
@@ -189,7 +193,14 @@ class SIEVE(_PrefixPages):
             return
 
 
-RULES = {cls.name: cls for cls in (S3FIFO, SIEVE)}
+class PrefixSIEVE(SIEVE):
+    """SIEVE, except that a prefix passed unvisited returns to its place when the last page below it goes."""
+
+    name = "sieve-prefix"
+    return_prefixes = True
+
+
+RULES = {cls.name: cls for cls in (S3FIFO, SIEVE, PrefixSIEVE)}
 
 
 def simulate(chains: list[list[int]], capacity: int, rule: str) -> list[int]:

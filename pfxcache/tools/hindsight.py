@@ -21,8 +21,9 @@ rest, never evict a page of the request being stored), under these rules:
   page comes back within the *smallest* H;
 * ``online W``: the same shares as a policy could learn them, as it goes:
   an access counts once its page came back or H requests passed;
-* ``s3-fifo``, ``sieve``: two FIFO-based policies of the literature
-  (``fifo_family``), run the same way.
+* ``s3-fifo``, ``sieve``, ``sieve-prefix``: two FIFO-based policies of
+  the literature and a prefix-aware variant of one (``fifo_family``), run
+  the same way.
 
 Then the pages Belady hits and LRU misses, by the requests since the page's
 previous access (its reuse gap) and by what that access was: the same path
