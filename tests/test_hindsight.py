@@ -145,8 +145,10 @@ def test_hindsight_reads_a_trace_of_yours(tmp_path, capsys):
                          for i in range(60)))
     assert hindsight.main(["--trace", str(f), "--fraction", "0.5", "--horizons", "4,16",
                            "--share-weights", "10"]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert out.startswith("theirs: 60 requests, 7 distinct pages, capacity 16 pages")
+    assert "10/10" in captured.err  # the progress bar: one step a rule, each rule once
     assert "s3-fifo" in out and "sieve" in out and "pages 10" in out
 
 

@@ -47,7 +47,7 @@ from collections import Counter
 from pathlib import Path
 
 from . import fifo_family, replay, workloads
-from .common import tool_parser
+from .common import progress_bar, tool_parser
 
 NEVER = 1 << 62
 
@@ -234,9 +234,22 @@ def returns(chains: list[list[int]], nxt: list[list[int]], horizon: int) -> dict
     return by
 
 
+class RulesRun(dict):
+    """Each rule's hits per request, by rule; a progress bar steps as each is recorded."""
+
+    def __init__(self, bar) -> None:
+        super().__init__()
+        self.bar = bar
+
+    def __setitem__(self, rule: str, hits: list[int]) -> None:
+        super().__setitem__(rule, hits)
+        self.bar.update(1)
+
+
 def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weights: tuple[int, ...] = (),
-          trace: replay.Trace | None = None) -> dict:
-    """``trace``: study this one (a file given with --trace) instead of the suite's workload ``name``."""
+          trace: replay.Trace | None = None, quiet: bool = True) -> dict:
+    """``trace``: study this one (a file given with --trace) instead of the suite's workload ``name``;
+    ``quiet``: no progress bar (one step a rule)."""
     if trace is None:
         trace = workloads.SUITE[name](seed)
     else:
@@ -245,8 +258,11 @@ def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weight
     distinct = len({p for chain in chains for p in chain})
     capacity = max(16, round(distinct * fraction))
     nxt = next_uses(chains)
-    runs = {"lru": simulate(chains, nxt, capacity, lambda i, d, nu: (i, -d)),
-            "belady": simulate(chains, nxt, capacity, lambda i, d, nu: (-nu, -d))}
+    rules = 2 + len(horizons) + len(weights) * (1 + 2 * bool(horizons)) + len(fifo_family.RULES)
+    bar = progress_bar(rules, f"hindsight {name}", "rule", quiet=quiet)
+    runs = RulesRun(bar)
+    runs["lru"] = simulate(chains, nxt, capacity, lambda i, d, nu: (i, -d))
+    runs["belady"] = simulate(chains, nxt, capacity, lambda i, d, nu: (-nu, -d))
     for h in horizons:
         runs[f"told {h}"] = simulate(chains, nxt, capacity, lambda i, d, nu, h=h: (nu - i <= h, i, -d))
     if weights:
@@ -276,6 +292,7 @@ def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weight
             runs[f"online {w}"] = simulate(chains, nxt, capacity, lambda i, d, nu, w=w: (i + w * learned[i][d], -d))
     for rule in fifo_family.RULES:
         runs[rule] = fifo_family.simulate(chains, capacity, rule)
+    bar.close()
     prev = previous_accesses(chains)
     gaps: Counter = Counter()
     kinds: Counter = Counter()
@@ -297,13 +314,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", metavar="PATH",
                         help="a trace of yours in any format scripts/replay reads, instead of --workload")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--share-weights", default="1000,2000,4000",
                         help="requests per unit of share, for the shares rules (empty: none)")
     args = parser.parse_args(argv)
     horizons = [int(h) for h in args.horizons.split(",") if h.strip()]
     weights = tuple(int(w) for w in args.share_weights.split(",") if w.strip())
     trace = replay.read_trace([Path(args.trace)], "auto", False) if args.trace else None
-    r = study(args.workload, args.fraction, horizons, args.seed, weights, trace)
+    r = study(args.workload, args.fraction, horizons, args.seed, weights, trace, quiet=args.quiet)
     hits = r["hit_pages"]
     print(f"{r['workload']}: {r['requests']:,} requests, {r['distinct']:,} distinct pages, "
           f"capacity {r['capacity']:,} pages ({args.fraction:.1%})")
