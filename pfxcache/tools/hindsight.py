@@ -234,18 +234,6 @@ def returns(chains: list[list[int]], nxt: list[list[int]], horizon: int) -> dict
     return by
 
 
-class RulesRun(dict):
-    """Each rule's hits per request, by rule; a progress bar steps as each is recorded."""
-
-    def __init__(self, bar) -> None:
-        super().__init__()
-        self.bar = bar
-
-    def __setitem__(self, rule: str, hits: list[int]) -> None:
-        super().__setitem__(rule, hits)
-        self.bar.update(1)
-
-
 def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weights: tuple[int, ...] = (),
           trace: replay.Trace | None = None, quiet: bool = True) -> dict:
     """``trace``: study this one (a file given with --trace) instead of the suite's workload ``name``;
@@ -258,13 +246,9 @@ def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weight
     distinct = len({p for chain in chains for p in chain})
     capacity = max(16, round(distinct * fraction))
     nxt = next_uses(chains)
-    rules = 2 + len(horizons) + len(weights) * (1 + 2 * bool(horizons)) + len(fifo_family.RULES)
-    bar = progress_bar(rules, f"hindsight {name}", "rule", quiet=quiet)
-    runs = RulesRun(bar)
-    runs["lru"] = simulate(chains, nxt, capacity, lambda i, d, nu: (i, -d))
-    runs["belady"] = simulate(chains, nxt, capacity, lambda i, d, nu: (-nu, -d))
+    ranks = {"lru": lambda i, d, nu: (i, -d), "belady": lambda i, d, nu: (-nu, -d)}
     for h in horizons:
-        runs[f"told {h}"] = simulate(chains, nxt, capacity, lambda i, d, nu, h=h: (nu - i <= h, i, -d))
+        ranks[f"told {h}"] = lambda i, d, nu, h=h: (nu - i <= h, i, -d)
     if weights:
         cls = classes(chains)
         came = Counter()
@@ -275,7 +259,7 @@ def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weight
                 came[cls[i]] += nxt[i][-1] - i <= max(horizons)
         share = [came[c] / total[c] if total[c] else 0.0 for c in cls]
         for w in weights:
-            runs[f"shares {w}"] = simulate(chains, nxt, capacity, lambda i, d, nu, w=w: (i + w * share[i], -d))
+            ranks[f"shares {w}"] = lambda i, d, nu, w=w: (i + w * share[i], -d)
     if weights and horizons:
         page_cls = page_classes(chains)
         horizon = min(horizons)
@@ -287,11 +271,16 @@ def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weight
         page_share = {c: page_came[c] / n for c, n in page_total.items()}
         learned = online_page_shares(chains, nxt, page_cls, horizon)
         for w in weights:
-            runs[f"pages {w}"] = simulate(chains, nxt, capacity,
-                                          lambda i, d, nu, w=w: (i + w * page_share[page_cls[i][d]], -d))
-            runs[f"online {w}"] = simulate(chains, nxt, capacity, lambda i, d, nu, w=w: (i + w * learned[i][d], -d))
+            ranks[f"pages {w}"] = lambda i, d, nu, w=w: (i + w * page_share[page_cls[i][d]], -d)
+            ranks[f"online {w}"] = lambda i, d, nu, w=w: (i + w * learned[i][d], -d)
+    bar = progress_bar(len(ranks) + len(fifo_family.RULES), f"hindsight {name}", "rule", quiet=quiet)
+    runs = {}
+    for rule, rank in ranks.items():
+        runs[rule] = simulate(chains, nxt, capacity, rank)
+        bar.update(1)
     for rule in fifo_family.RULES:
         runs[rule] = fifo_family.simulate(chains, capacity, rule)
+        bar.update(1)
     bar.close()
     prev = previous_accesses(chains)
     gaps: Counter = Counter()
