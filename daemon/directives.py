@@ -176,9 +176,9 @@ DIRECTIVES: tuple[Directive, ...] = (
         "from what became of earlier leaves, among 32 drawn candidates), odds (LRU, each "
         "leaf held longer by the learned share of leaves like it, by pages added and turn, "
         "that came back), guard (the "
-        "default: the order of whichever of lru, lfu, reuse, hybrid and tempo hit most in "
+        "default: the order of whichever of lru, reuse, hybrid, tempo and lhd hit most in "
         "miniature simulations of a sample of the pages, LRU's as soon as the cache "
-        "falls behind what LRU would hit), noeviction (never evict: writes "
+        "falls behind what LRU would hit or has spent its budget of 0.5 % of LRU's hits), noeviction (never evict: writes "
         "answer -OOM once the arena is full; PFXEVICT still works). redis-server's names are "
         "accepted: allkeys-lru and volatile-lru mean lru, allkeys-lfu and volatile-lfu lfu, "
         "allkeys-random, volatile-random and volatile-ttl lru.",

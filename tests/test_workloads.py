@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 
 import pytest
-from pfxcache.tools import replay, suite, workloads
+from pfxcache.tools import adversarial, replay, suite, workloads
 
 
 def pages_per_request(trace):
@@ -184,3 +185,18 @@ def test_suite_sizes_guards_sample_for_its_run_only(monkeypatch, capsys):
     assert guard.SAMPLE_PAGES == 4096
     with pytest.raises(SystemExit):
         suite.main(["--workloads", "chat", "--guard-sample-pages", "0", "--no-plot", "--quiet"])
+
+
+def test_adversarial_sets_are_apart_fixed_and_each_judged_apart(capsys):
+    sets = (adversarial.FIRST, adversarial.SECOND, adversarial.THIRD)
+    assert all(set(a).isdisjoint(b) for a, b in itertools.combinations(sets, 2))
+    assert set().union(*sets) == set(adversarial.ADVERSARIAL) and len(adversarial.ADVERSARIAL) == 20
+    assert set(adversarial.ADVERSARIAL).isdisjoint({*workloads.SUITE, *workloads.STRESS})
+    a, b = adversarial.ADVERSARIAL["loop"](), adversarial.ADVERSARIAL["loop"](7)  # its seed is its own
+    assert [r.hash_ids for r in a.requests] == [r.hash_ids for r in b.requests]
+    first = a.requests[0].hash_ids  # 40 documents behind one prompt, each read again 40 requests later
+    assert first == a.requests[40].hash_ids != a.requests[1].hash_ids and first[:4] == a.requests[1].hash_ids[:4]
+    assert suite.main(["--workloads", "loop,zipf-loop-mix,hot-shift-loop", "--policies", "lru", "--fractions", "0.2",
+                       "--no-plot", "--quiet", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert list(report["summary"]) == ["adversarial, first set", "adversarial, second set", "adversarial, third set"]

@@ -19,13 +19,15 @@ LRU (where there is room to win).
     scripts/suite --workloads chat,scans --fractions 0.01,0.05 --json
     scripts/suite --trace their.jsonl --trace kv-cache-tester/traces   # traces of yours, in any replay format
     scripts/suite --half stress --policies lru,tempo,guard   # phase changes, co-located apps, page sizes
+    scripts/suite --half adversarial --policies lru,guard --fractions 0.005,0.02,0.06,0.2,0.5  # loops, drifts
     scripts/suite --in-flight 16 --policies lru,tempo,guard  # 16 requests computing at once, their leases held
 
 A trace given with ``--trace`` (any format scripts/replay reads, its block
 size as its own) is judged the same way, in a third group, "external": traces
 no design here saw. ``--half stress`` runs workloads.STRESS, a set made
 after the designs were chosen: shapes that change, share an arena, or come
-in other page sizes.
+in other page sizes. ``--half adversarial`` runs pfxcache.tools.adversarial's three
+sets (loops longer than the cache, phases, drifting popularity), a summary each.
 
 The plot (ratio to LRU against capacity, one panel per workload) goes to
 scripts/out/suite.png. ``scripts/suite`` runs this module under .venv.
@@ -39,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import replay, workloads
+from . import adversarial, replay, workloads
 from .common import (OUT, add_guard_sample_pages, command_line, guard_sample_pages,
                      progress_bar, save_plot, shown, tool_parser)
 
@@ -63,7 +65,7 @@ def run_workload(name: str, policies: list[str], fractions, seed: int = 1, quiet
     requests, cut as they are, with none in flight.
     """
     if trace is None:
-        trace = (workloads.SUITE[name] if name in workloads.SUITE else workloads.STRESS[name])(seed)
+        trace = workloads.generator(name)(seed)
     page_size = trace.page_tokens or trace.block_tokens
     chains = replay.page_chains(trace, page_size)
     caps = capacities(chains, fractions)
@@ -153,7 +155,8 @@ def plot(runs: list[dict], policies: list[str], path, title: str) -> object:
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         group = ("tuning" if run["workload"] in workloads.TUNING else
                  "held out" if run["workload"] in workloads.HELD_OUT else
-                 "stress" if run["workload"] in workloads.STRESS else "external")
+                 "stress" if run["workload"] in workloads.STRESS else
+                 "adversarial" if run["workload"] in adversarial.ADVERSARIAL else "external")
         ax.set_title(f"{run['workload']} ({group})",
                      fontsize=9)
         ax.set_xlabel("capacity (pages)", fontsize=8)
@@ -169,10 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     from pfxcache.daemon.store.registry import POLICIES
 
     parser = tool_parser("suite", __doc__)
-    parser.add_argument("--half", choices=("tuning", "held-out", "all", "stress"), default="all",
-                        help="which workloads (default all: tuning and held-out; stress: workloads.STRESS)")
+    parser.add_argument("--half", choices=("tuning", "held-out", "all", "stress", "adversarial"), default="all",
+                        help="which workloads (default all: tuning and held-out; stress: workloads.STRESS; "
+                             "adversarial: pfxcache.tools.adversarial's three sets)")
     parser.add_argument("--workloads", help=f"comma-separated, overrides --half (known: {', '.join(workloads.SUITE)}, "
-                                            f"and the stress set's: {', '.join(workloads.STRESS)})")
+                                            f"the stress set's: {', '.join(workloads.STRESS)}, "
+                                            f"and the adversarial sets': {', '.join(adversarial.ADVERSARIAL)})")
     parser.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated (default {DEFAULT_POLICIES})")
     parser.add_argument("--fractions", default=",".join(map(str, FRACTIONS)),
                         help="capacities as shares of each workload's distinct pages (default 0.005,0.02,0.06,0.2)")
@@ -201,13 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.workloads:
         names = [w.strip() for w in args.workloads.split(",") if w.strip()]
         for w in names:
-            if w not in workloads.SUITE and w not in workloads.STRESS:
+            if workloads.generator(w) is None:
                 parser.error(f"unknown workload {w!r}")
     elif args.trace and "--half" not in (argv if argv is not None else sys.argv[1:]):
         names = []
     else:
         names = {"tuning": list(workloads.TUNING), "held-out": list(workloads.HELD_OUT),
-                 "all": [*workloads.TUNING, *workloads.HELD_OUT], "stress": list(workloads.STRESS)}[args.half]
+                 "all": [*workloads.TUNING, *workloads.HELD_OUT], "stress": list(workloads.STRESS),
+                 "adversarial": list(adversarial.ADVERSARIAL)}[args.half]
     external = {}
     for path in map(Path, args.trace):
         if not path.exists():
@@ -236,9 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     command = command_line("suite", argv)
     halves = [(title, [r for r in runs if r["workload"] in half])
               for title, half in (("tuning", workloads.TUNING), ("held-out", workloads.HELD_OUT),
-                                  ("stress", tuple(workloads.STRESS)))]
-    halves += [("external" if external else "other",
-                [r for r in runs if r["workload"] not in (*workloads.TUNING, *workloads.HELD_OUT, *workloads.STRESS)])]
+                                  ("stress", tuple(workloads.STRESS)), ("adversarial, first set", adversarial.FIRST),
+                                  ("adversarial, second set", adversarial.SECOND),
+                                  ("adversarial, third set", adversarial.THIRD))]
+    known = (*workloads.TUNING, *workloads.HELD_OUT, *workloads.STRESS, *adversarial.ADVERSARIAL)
+    halves += [("external" if external else "other", [r for r in runs if r["workload"] not in known])]
     halves = [(t, rs) for t, rs in halves if rs]
     plot_path = None if args.no_plot else plot(runs, policies, OUT / "suite.png", command)
     if args.json:

@@ -25,6 +25,10 @@ tokens that nothing reuses), deterministic for its seed:
 ``TUNING`` is the half designs and constants were chosen on, ``HELD_OUT``
 the half they are reported on (pfxcache.tools.suite runs them).
 
+``ADVERSARIAL`` (pfxcache.tools.adversarial) holds three sets of loops, phases and
+drifts, each judged before the next was made; ``generator(name)`` finds a workload
+in any of them.
+
 ``STRESS`` is a third set, made after the designs were chosen and never
 tuned on, of what the suite's shapes do not vary:
 
@@ -45,6 +49,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .adversarial import ADVERSARIAL
 from .replay import DEFAULT_NS, DEFAULT_TRACE, MOONCAKE_BLOCK, Request, Trace, generate_sessions, read_trace
 
 
@@ -313,3 +318,8 @@ STRESS: dict[str, Callable[..., Trace]] = {
         ("chat", 32), ("rag", 64), ("sysprompts", 32), ("scans", 64), ("tenants", 64), ("trace", 128), ("trace", 64),
         ("chat", 16), ("sysprompts", 16))},
 }
+
+
+def generator(name: str) -> Callable[..., Trace] | None:
+    """The generator of workload ``name`` in SUITE, STRESS or ADVERSARIAL (None: no such workload)."""
+    return SUITE.get(name) or STRESS.get(name) or ADVERSARIAL.get(name)
