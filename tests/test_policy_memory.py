@@ -76,8 +76,9 @@ def test_guard_orders_share_one_number_per_push():
     store = guard_store()
     guard = store._index.all
     assert all(order._seq is guard._seq for order in guard.orders.values())
-    seq_at = {"lru": -3, "lfu": -3, "reuse": -3, "hybrid": -3, "tempo": 1}  # where each order's entries keep it
-    live = {name: {id(e[-1]): e[seq_at[name]] for e in order._entries()} if name in ("lru", "lfu", "reuse")
+    seq_at = {"lru": -3, "reuse": -3, "hybrid": -3, "tempo": 1, "lhd": 0}  # where each order's entries keep it
+    live = {name: {id(e[-1]): e[seq_at[name]] for e in order._entries()} if name in ("lru", "reuse")
+            else {id(e[-1]): e[0] for e in order._candidates if e[1] == e[2].version} if name == "lhd"
             else {id(e[-1]): e[seq_at[name]] for heap in order._buckets for e in heap if e[-2] == e[-1].version}
             for name, order in guard.orders.items()}
     assert len(live["lru"]) == guard.live > 10
@@ -119,7 +120,7 @@ def test_info_shows_the_policys_share_of_the_metadata():
 
 
 def test_a_smaller_sample_holds_fewer_miniature_pages(monkeypatch, capsys):
-    """--guard-sample-pages N: the miniatures hold at most N pages each (four of them), for that run only."""
+    """--guard-sample-pages N: the miniatures hold at most N pages each (five of them), for that run only."""
     import json
 
     from pfxcache.daemon.store import guard
@@ -131,5 +132,5 @@ def test_a_smaller_sample_holds_fewer_miniature_pages(monkeypatch, capsys):
         argv = ["--workloads", "chat", "--capacities", "200", "--json", "--quiet"]
         assert policy_memory.main(argv + (["--guard-sample-pages", str(n)] if n else [])) == 0
         pages[n] = json.loads(capsys.readouterr().out)[1]["miniature_pages"]
-    assert 4 * 16 < pages[None] <= 4 * 200 and 0 < pages[16] <= 4 * 16
+    assert 5 * 16 < pages[None] <= 5 * 200 and 0 < pages[16] <= 5 * 16
     assert guard.SAMPLE_PAGES == 4096

@@ -47,6 +47,7 @@ densities.
 
 from __future__ import annotations
 
+import itertools
 import random
 from array import array
 
@@ -181,7 +182,7 @@ class LHDPolicy:
         self.scoped = scoped
         # (seq, version, node), laid out as the heap policies' entries: live while version is the node's
         self._candidates: list[tuple] = []
-        self._seq = 0
+        self._seq = itertools.count()  # (guard shares one number per push among its orders: SharedSeq)
         self.live = 0
         self._rng = random.Random(SEED)
 
@@ -220,8 +221,7 @@ class LHDPolicy:
                     explorer = (prev is not None and prev[3]) or self._rng.random() * EXPLORE_ONE_IN < 1.0
                     model.explorers += explorer
                 node.lhd = (classify(node.freq, len(node.blocks), turns), node.freq, turns, explorer)
-        self._candidates.append((self._seq, node.version, node))
-        self._seq += 1
+        self._candidates.append((next(self._seq), node.version, node))
         self.live += 1
 
     def drop(self) -> None:
@@ -285,7 +285,7 @@ class LHDPolicy:
                 model = self.model
                 age = max(model.now - node.tick, 0)
                 model.evicted(data[0], age)
-                if data[3]:
-                    model.explorers -= 1
+                if data[3]:  # (never below 0: a node may keep an explorer flag from an earlier lhd instance)
+                    model.explorers = max(0, model.explorers - 1)
                 else:
                     model.eviction_age += EVICTION_AGE_WEIGHT * (age - model.eviction_age)
