@@ -136,13 +136,12 @@ def loop_hot(rng: random.Random, ids: _Ids) -> list[list[int]]:
     docs = [ids.new(10) for _ in range(150)]
     weights = _zipf(100, 0.9)
     picks = np.random.default_rng(3)
-    out, k = [], 0
+    out, in_turn = [], itertools.cycle(docs)
     for _ in range(8000):
         if rng.random() < 0.5:
             out.append(hot[picks.choice(100, p=weights)])
         else:
-            out.append(docs[k % 150])
-            k += 1
+            out.append(next(in_turn))
     return out
 
 
@@ -169,13 +168,12 @@ def repo_agents(rng: random.Random, ids: _Ids) -> list[list[int]]:
 def loop_noise(rng: random.Random, ids: _Ids) -> list[list[int]]:
     """A loop of 60 documents of 8-16 pages, 30 % of the requests one-off prompts between."""
     docs = [ids.new(rng.randint(8, 16)) for _ in range(60)]
-    out, k = [], 0
+    out, in_turn = [], itertools.cycle(docs)
     for _ in range(7000):
         if rng.random() < 0.3:
             out.append(ids.new(rng.randint(2, 12)))
         else:
-            out.append(docs[k % 60])
-            k += 1
+            out.append(next(in_turn))
     return out
 
 
@@ -184,11 +182,10 @@ def eval_rerun(rng: random.Random, ids: _Ids) -> list[list[int]]:
     fewshot = ids.new(10)
     data = [fewshot + ids.new(rng.randint(2, 6)) for _ in range(300)]
     sessions: list[list[int]] = []
-    out, k = [], 0
+    out, in_turn = [], itertools.cycle(data)
     for _ in range(8000):
         if rng.random() < 0.5:
-            out.append(data[k % 300])
-            k += 1
+            out.append(next(in_turn))
         else:
             if len(sessions) < 30 or rng.random() < 0.05:
                 sessions.append(ids.new(rng.randint(2, 5)))
@@ -230,13 +227,12 @@ def zipf_loop_mix(rng: random.Random, ids: _Ids) -> list[list[int]]:
     weights = _zipf(1500, 0.8)
     picks = np.random.default_rng(11)
     docs = [ids.new(rng.randint(4, 8)) for _ in range(80)]
-    out, k = [], 0
+    out, in_turn = [], itertools.cycle(docs)
     for step in range(8000):
         if (step // 1000) % 2 == 0:
             out.append(pool[picks.choice(1500, p=weights)])
         else:
-            out.append(docs[k % 80])
-            k += 1
+            out.append(next(in_turn))
     return out
 
 
@@ -277,11 +273,10 @@ def phases_chat_loop(rng: random.Random, ids: _Ids) -> list[list[int]]:
     """Phases of 500 requests, in turn: chat, a loop of 70 documents."""
     chat = _Chat(rng, ids)
     docs = [ids.new(rng.randint(3, 9)) for _ in range(70)]
-    out, k = [], 0
+    out, in_turn = [], itertools.cycle(docs)
     for step in range(7000):
         if (step // 500) % 2:
-            out.append(docs[k % 70])
-            k += 1
+            out.append(next(in_turn))
         else:
             out.append(chat.next())
     return out
@@ -291,14 +286,9 @@ def loop_two_sizes(rng: random.Random, ids: _Ids) -> list[list[int]]:
     """Two loops interleaved: 15 documents of 4 pages (40 %), 120 of 5-12 pages (60 %)."""
     short = [ids.new(4) for _ in range(15)]
     long = [ids.new(rng.randint(5, 12)) for _ in range(120)]
-    out, a, b = [], 0, 0
+    out, shorts, longs = [], itertools.cycle(short), itertools.cycle(long)
     for _ in range(7000):
-        if rng.random() < 0.4:
-            out.append(short[a % 15])
-            a += 1
-        else:
-            out.append(long[b % 120])
-            b += 1
+        out.append(next(shorts) if rng.random() < 0.4 else next(longs))
     return out
 
 
@@ -320,11 +310,10 @@ def agents_plus_eval(rng: random.Random, ids: _Ids) -> list[list[int]]:
     repo = ids.new(30)
     data = [ids.new(3) + ids.new(rng.randint(1, 4)) for _ in range(300)]
     sessions: list[list[int]] = []
-    out, k = [], 0
+    out, in_turn = [], itertools.cycle(data)
     for step in range(7000):
         if step % 1500 < 300:
-            out.append(data[k % 300])
-            k += 1
+            out.append(next(in_turn))
             continue
         if len(sessions) < 6 or rng.random() < 0.02:
             sessions.append(list(repo) + ids.new(2))
@@ -341,7 +330,7 @@ def random_mix(rng: random.Random, ids: _Ids) -> list[list[int]]:
     chat = _Chat(rng, ids, open_sessions=20)
     docs = [ids.new(rng.randint(2, 8)) for _ in range(100)]
     hot = [ids.new(rng.randint(1, 3)) for _ in range(50)]
-    out, k, mode, left = [], 0, 0, 0
+    out, in_turn, mode, left = [], itertools.cycle(docs), 0, 0
     for _ in range(8000):
         if left <= 0:
             mode, left = rng.randrange(4), rng.randint(200, 2000)
@@ -349,8 +338,7 @@ def random_mix(rng: random.Random, ids: _Ids) -> list[list[int]]:
         if mode == 0:
             out.append(chat.next())
         elif mode == 1:
-            out.append(docs[k % 100])
-            k += 1
+            out.append(next(in_turn))
         elif mode == 2:
             out.append(hot[min(int(rng.expovariate(0.2)), 49)])
         else:
