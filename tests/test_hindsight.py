@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pfxcache.tools import fifo_family, hindsight, replay
+from pfxcache.tools import adversarial, fifo_family, hindsight, replay
 
 from test_replay import B
 from policy_support import chatty_trace
@@ -148,7 +148,7 @@ def test_hindsight_reads_a_trace_of_yours(tmp_path, capsys):
     captured = capsys.readouterr()
     out = captured.out
     assert out.startswith("theirs: 60 requests, 7 distinct pages, capacity 16 pages")
-    assert "10/10" in captured.err  # the progress bar: one step a rule, each rule once
+    assert "12/12" in captured.err  # the progress bar: one step a rule, each rule once
     assert "s3-fifo" in out and "sieve" in out and "pages 10" in out
 
 
@@ -159,3 +159,25 @@ def test_online_shares_use_only_what_was_seen_before_each_request():
     early = hindsight.online_page_shares(cut, hindsight.next_uses(cut), hindsight.page_classes(cut), 64)
     assert whole[:500] == early  # the requests after 500 change nothing before them
     assert len({s for row in whole for s in row}) > 2  # and the shares do move as they are learned
+
+
+def test_sizeskew_odds_are_the_odds_its_requests_are_drawn_from():
+    # The a0 bound is only as good as these odds: one per hash id of the prompts drawn from (a few
+    # never come up in 6,000 draws), and a request holds as many pages on average as they add up to
+    # (within 3 %).
+    trace = adversarial.ADVERSARIAL["sizeskew"]()
+    odds = adversarial.sizeskew_odds()
+    assert set(odds) > {page for r in trace.requests for page in r.hash_ids}
+    mean_pages = sum(len(r.hash_ids) for r in trace.requests) / len(trace.requests)
+    assert sum(odds.values()) == pytest.approx(mean_pages, rel=0.03)
+    popular = trace.requests[0].hash_ids[0]
+    assert max(odds.values()) == odds[1] and odds[popular] > 0.3 / 300
+
+
+def test_the_a0_bound_is_the_capacity_most_likely_pages():
+    odds = adversarial.ODDS["sizeskew"]()
+    r = hindsight.study("sizeskew", 0.005, [256], quiet=True)
+    top = sorted(odds.values(), reverse=True)[: r["capacity"]]
+    assert r["hit_pages"]["a0"] == round(r["requests"] * sum(top))
+    assert r["hit_pages"]["lru"] < r["hit_pages"]["counted"] <= r["hit_pages"]["belady"]
+    assert "a0" not in hindsight.study("chat", 0.005, [256], quiet=True)["hit_pages"]  # no odds: no bound

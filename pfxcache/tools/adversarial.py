@@ -103,11 +103,15 @@ def abandon(rng: random.Random, ids: _Ids) -> list[list[int]]:
     return out
 
 
-def sizeskew(rng: random.Random, ids: _Ids) -> list[list[int]]:
-    """Short Zipf-popular prompts (70 %) between long documents of 60-120 pages read uniformly."""
+def _sizeskew_prompts(rng: random.Random, ids: _Ids) -> tuple[list[list[int]], list[list[int]], np.ndarray]:
     short = [ids.new(rng.randint(1, 3)) for _ in range(500)]
     long = [ids.new(rng.randint(60, 120)) for _ in range(300)]
-    weights = _zipf(500, 1.0)
+    return short, long, _zipf(500, 1.0)
+
+
+def sizeskew(rng: random.Random, ids: _Ids) -> list[list[int]]:
+    """Short Zipf-popular prompts (70 %) between long documents of 60-120 pages read uniformly."""
+    short, long, weights = _sizeskew_prompts(rng, ids)
     picks = np.random.default_rng(7)
     return [short[picks.choice(500, p=weights)] if rng.random() < 0.7 else long[rng.randrange(300)]
             for _ in range(6000)]
@@ -381,5 +385,22 @@ _SETS = {
               "random-mix": (random_mix, 1047307), "hot-shift-loop": (hot_shift_loop, 1466223)},
 }
 FIRST, SECOND, THIRD = (tuple(_SETS[s]) for s in ("FIRST", "SECOND", "THIRD"))
+
+
+def sizeskew_odds() -> dict[int, float]:
+    """Each hash id of ``sizeskew`` -> the chance that a request holds it.
+
+    ``sizeskew`` draws every request independently of the ones before, from fixed odds (70 % a short
+    prompt by Zipf, 30 % one of the documents, uniformly), so these odds are all a policy could
+    ever learn about it (pfxcache.tools.hindsight's ``a0`` bound).
+    """
+    short, long, weights = _sizeskew_prompts(random.Random(_SETS["FIRST"]["sizeskew"][1]), _Ids())
+    odds = {page: 0.7 * float(w) for prompt, w in zip(short, weights) for page in prompt}
+    odds.update({page: 0.3 / len(long) for doc in long for page in doc})
+    return odds
+
+
+# workload -> its pages' odds, for workloads whose requests are independent draws from fixed odds
+ODDS: dict[str, Callable[[], dict[int, float]]] = {"sizeskew": sizeskew_odds}
 ADVERSARIAL: dict[str, Callable[..., Trace]] = {
     name: _trace(name, make, seed) for group in _SETS.values() for name, (make, seed) in group.items()}

@@ -7,6 +7,17 @@ rest, never evict a page of the request being stored), under these rules:
 * ``lru``: the least recently used page first (deepest first within a
   request: a prefix outlives its continuations, as in the store);
 * ``belady``: the page used again farthest in the future (replay's bound);
+* ``counted``: the page accessed most often so far stays (ties: LRU): an
+  LFU that forgets no count, evicted pages' included, an online rule;
+* ``frequent``: the same with each page's count over the whole workload, a
+  count told in hindsight;
+* ``a0`` (only for workloads whose requests are independent draws from
+  fixed odds, ``adversarial.ODDS``): not a run but a bound. The next request
+  is then independent of what any online policy holds, so the pages it can
+  be expected to hit are at most the sum of the ``capacity`` largest odds
+  of a page being in a request ("A0", Aho, Denning and Ullman, "Principles
+  of Optimal Page Replacement", JACM 1971): what Belady gains past it there
+  is luck seen in hindsight, no policy's to learn;
 * ``told H``: LRU, except that a page not used again within H requests of
   its access goes before every page that is: an LRU told, in hindsight,
   only *whether* each page comes back soon, not when;
@@ -37,6 +48,7 @@ requests it continues).
     python -m pfxcache.tools.hindsight                    # the shared trace at 4 %
     python -m pfxcache.tools.hindsight --workload chat --fraction 0.005 --horizons 256,1024
     python -m pfxcache.tools.hindsight --trace their.jsonl --fraction 0.02   # a real trace of yours
+    python -m pfxcache.tools.hindsight --workload sizeskew --fraction 0.06 --share-weights ""   # with a0
 """
 
 from __future__ import annotations
@@ -46,7 +58,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from . import fifo_family, replay, workloads
+from . import adversarial, fifo_family, replay, workloads
 from .common import progress_bar, tool_parser
 
 NEVER = 1 << 62
@@ -238,15 +250,24 @@ def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weight
           trace: replay.Trace | None = None, quiet: bool = True) -> dict:
     """``trace``: study this one (a file given with --trace) instead of the suite's workload ``name``;
     ``quiet``: no progress bar (one step a rule)."""
+    trace_given = trace
     if trace is None:
-        trace = workloads.SUITE[name](seed)
+        trace = workloads.generator(name)(seed)
     else:
         name = trace.name
     chains = replay.page_chains(trace, trace.page_tokens or trace.block_tokens)
     distinct = len({p for chain in chains for p in chain})
     capacity = max(16, round(distinct * fraction))
     nxt = next_uses(chains)
-    ranks = {"lru": lambda i, d, nu: (i, -d), "belady": lambda i, d, nu: (-nu, -d)}
+    count = Counter(p for chain in chains for p in chain)
+    so_far: list[list[int]] = []
+    seen: Counter = Counter()
+    for chain in chains:
+        seen.update(chain)  # a prompt holds a page once
+        so_far.append([seen[p] for p in chain])
+    ranks = {"lru": lambda i, d, nu: (i, -d), "belady": lambda i, d, nu: (-nu, -d),
+             "counted": lambda i, d, nu: (so_far[i][d], i, -d),
+             "frequent": lambda i, d, nu: (count[chains[i][d]], i, -d)}
     for h in horizons:
         ranks[f"told {h}"] = lambda i, d, nu, h=h: (nu - i <= h, i, -d)
     if weights:
@@ -290,14 +311,20 @@ def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weight
             gap, kind = row[d]
             gaps[_octave(gap)] += 1
             kinds[kind] += 1
+    hit_pages = {k: sum(v) for k, v in runs.items()}
+    odds = adversarial.ODDS.get(name) if trace_given is None else None
+    if odds is not None:  # an expectation over the odds the trace was drawn from, not a run
+        hit_pages["a0"] = round(len(chains) * sum(sorted(odds().values(), reverse=True)[:capacity]))
     return {"workload": name, "requests": len(chains), "distinct": distinct, "capacity": capacity,
-            "hit_pages": {k: sum(v) for k, v in runs.items()}, "gaps": gaps, "kinds": kinds,
+            "hit_pages": hit_pages, "gaps": gaps, "kinds": kinds,
             "returns": returns(chains, nxt, max(horizons))}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = tool_parser("hindsight", __doc__)
-    parser.add_argument("--workload", default="trace", choices=sorted(workloads.SUITE), help="suite workload")
+    parser.add_argument("--workload", default="trace", choices=sorted({**workloads.SUITE, **workloads.STRESS,
+                                                                        **workloads.ADVERSARIAL}),
+                        help="a suite, stress or adversarial workload")
     parser.add_argument("--fraction", type=float, default=0.04, help="capacity, share of distinct pages")
     parser.add_argument("--horizons", default="512,1024,2048,4096", help="requests, for the told rules")
     parser.add_argument("--trace", metavar="PATH",
@@ -316,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
           f"capacity {r['capacity']:,} pages ({args.fraction:.1%})")
     print("hit pages, and ratio to lru (page-granular caches)")
     for rule, n in hits.items():
-        print(f"  {rule:<12} {n:>9,}  {n / max(hits['lru'], 1):5.2f}x")
+        note = "  (expected at best, by any online policy: a bound, not a run)" if rule == "a0" else ""
+        print(f"  {rule:<12} {n:>9,}  {n / max(hits['lru'], 1):5.2f}x{note}")
     extra = sum(r["gaps"].values())
     print(f"pages belady hits and lru misses: {extra:,}; by the requests since their previous access")
     for gap, n in sorted(r["gaps"].items(), key=lambda kv: int(kv[0].rstrip("-")) if kv[0][0].isdigit() else -1):
