@@ -103,6 +103,9 @@ def abandon(rng: random.Random, ids: _Ids) -> list[list[int]]:
     return out
 
 
+SIZESKEW_SHORT = 0.7  # the share of sizeskew's requests that are short prompts
+
+
 def _sizeskew_prompts(rng: random.Random, ids: _Ids) -> tuple[list[list[int]], list[list[int]], np.ndarray]:
     short = [ids.new(rng.randint(1, 3)) for _ in range(500)]
     long = [ids.new(rng.randint(60, 120)) for _ in range(300)]
@@ -113,7 +116,7 @@ def sizeskew(rng: random.Random, ids: _Ids) -> list[list[int]]:
     """Short Zipf-popular prompts (70 %) between long documents of 60-120 pages read uniformly."""
     short, long, weights = _sizeskew_prompts(rng, ids)
     picks = np.random.default_rng(7)
-    return [short[picks.choice(500, p=weights)] if rng.random() < 0.7 else long[rng.randrange(300)]
+    return [short[picks.choice(500, p=weights)] if rng.random() < SIZESKEW_SHORT else long[rng.randrange(300)]
             for _ in range(6000)]
 
 
@@ -395,8 +398,8 @@ def sizeskew_odds() -> dict[int, float]:
     ever learn about it (pfxcache.tools.hindsight's ``a0`` bound).
     """
     short, long, weights = _sizeskew_prompts(random.Random(_SETS["FIRST"]["sizeskew"][1]), _Ids())
-    odds = {page: 0.7 * float(w) for prompt, w in zip(short, weights) for page in prompt}
-    odds.update({page: 0.3 / len(long) for doc in long for page in doc})
+    odds = {page: SIZESKEW_SHORT * float(w) for prompt, w in zip(short, weights) for page in prompt}
+    odds.update({page: (1 - SIZESKEW_SHORT) / len(long) for doc in long for page in doc})
     return odds
 
 

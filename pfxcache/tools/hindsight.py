@@ -250,7 +250,7 @@ def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weight
           trace: replay.Trace | None = None, quiet: bool = True) -> dict:
     """``trace``: study this one (a file given with --trace) instead of the suite's workload ``name``;
     ``quiet``: no progress bar (one step a rule)."""
-    trace_given = trace
+    odds = adversarial.ODDS.get(name) if trace is None else None  # a trace of yours has no known odds
     if trace is None:
         trace = workloads.generator(name)(seed)
     else:
@@ -259,12 +259,11 @@ def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weight
     distinct = len({p for chain in chains for p in chain})
     capacity = max(16, round(distinct * fraction))
     nxt = next_uses(chains)
-    count = Counter(p for chain in chains for p in chain)
     so_far: list[list[int]] = []
-    seen: Counter = Counter()
+    count: Counter = Counter()  # a page's accesses so far; once the loop is done, over the whole workload
     for chain in chains:
-        seen.update(chain)  # a prompt holds a page once
-        so_far.append([seen[p] for p in chain])
+        count.update(chain)  # a prompt holds a page once
+        so_far.append([count[p] for p in chain])
     ranks = {"lru": lambda i, d, nu: (i, -d), "belady": lambda i, d, nu: (-nu, -d),
              "counted": lambda i, d, nu: (so_far[i][d], i, -d),
              "frequent": lambda i, d, nu: (count[chains[i][d]], i, -d)}
@@ -312,7 +311,6 @@ def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weight
             gaps[_octave(gap)] += 1
             kinds[kind] += 1
     hit_pages = {k: sum(v) for k, v in runs.items()}
-    odds = adversarial.ODDS.get(name) if trace_given is None else None
     if odds is not None:  # an expectation over the odds the trace was drawn from, not a run
         hit_pages["a0"] = round(len(chains) * sum(sorted(odds().values(), reverse=True)[:capacity]))
     return {"workload": name, "requests": len(chains), "distinct": distinct, "capacity": capacity,
@@ -322,8 +320,7 @@ def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weight
 
 def main(argv: list[str] | None = None) -> int:
     parser = tool_parser("hindsight", __doc__)
-    parser.add_argument("--workload", default="trace", choices=sorted({**workloads.SUITE, **workloads.STRESS,
-                                                                        **workloads.ADVERSARIAL}),
+    parser.add_argument("--workload", default="trace", choices=sorted(workloads.NAMES),
                         help="a suite, stress or adversarial workload")
     parser.add_argument("--fraction", type=float, default=0.04, help="capacity, share of distinct pages")
     parser.add_argument("--horizons", default="512,1024,2048,4096", help="requests, for the told rules")

@@ -323,3 +323,6 @@ STRESS: dict[str, Callable[..., Trace]] = {
 def generator(name: str) -> Callable[..., Trace] | None:
     """The generator of workload ``name`` in SUITE, STRESS or ADVERSARIAL (None: no such workload)."""
     return SUITE.get(name) or STRESS.get(name) or ADVERSARIAL.get(name)
+
+
+NAMES = (*SUITE, *STRESS, *ADVERSARIAL)  # every workload generator() knows
