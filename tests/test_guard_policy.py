@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from pfxcache.daemon.store import MemoryArena, OutOfMemory, PrefixStore, pack_tokens
 from pfxcache.daemon.store import guard as guard_module
-from pfxcache.daemon.store.guard import EXPERTS, SAMPLE_PAGES, GuardPolicy, MiniCache, PageSampler
+from pfxcache.daemon.store.guard import EXPERTS, SAMPLE_PAGES, GuardPolicy
+from pfxcache.daemon.store.miniatures import MiniCache, PageSampler
 from pfxcache.daemon.store.policies import LRUPolicy
 from pfxcache.daemon.store.registry import POLICIES
 from pfxcache.tools import replay
@@ -50,22 +51,36 @@ def test_sampling_is_spatial_and_keeps_prefixes():
     assert len(PageSampler(B * 4, 1.0).sample(NS, a, 64)[1]) == 64
 
 
-def test_miniature_lru_is_the_store_under_lru():
-    """At rate 1 the LRU miniature hits exactly what a store under lru hits, request by request."""
+@pytest.mark.parametrize("in_flight", [0, 4])
+def test_miniature_lru_is_the_store_under_lru(in_flight):
+    """At rate 1 the LRU miniature hits exactly what a store under lru hits, request by request, also with
+    requests in flight: it pins its hit under the lookup's lease and stores what it missed when the worker
+    stores, as the store does (storing at the lookup, it hit pages still in flight)."""
     trace = chatty_trace(requests=800)
     tick = itertools.count(1)
     store = PrefixStore(MemoryArena(1, 64), page_size=B, shards=1, policy="lru",
                         clock=lambda: float(next(tick)), lease_ttl_ms=0)
     mini = MiniCache(LRUPolicy, 64)
     sampler = PageSampler(B * 4, 1.0)
+    pending = []
     for req in trace.requests:
-        toks, npages = replay.whole_pages(trace, req, B, 64)
+        toks, npages = replay.whole_pages(trace, req, B, replay.in_flight_pages(64, in_flight))
         packed = toks.tobytes()
+        ids = sampler.sample(NS, packed, npages)[0]
         m = store.match(NS, packed, lease=True, owner=1)
-        if npages * B > m.matched_tokens:
-            store.insert(NS, packed, offset=m.matched_tokens, owner=1)
-        store.release(m.lease_id, 1)
-        assert mini.access(NS, sampler.sample(NS, packed, npages)[0]) * B == m.matched_tokens
+        held: list = []
+        assert mini.access(NS, ids, held) * B == m.matched_tokens
+        pending.append((packed, npages, ids, m, held))
+        if len(pending) > in_flight:
+            packed, npages, ids, m, held = pending.pop(0)
+            if npages * B > m.matched_tokens:
+                store.insert(NS, packed, offset=m.matched_tokens, owner=1)
+            mini.store(NS, ids)
+            if m.lease_id:
+                store.release(m.lease_id, 1)
+            for node in held:
+                MiniCache.release(node)
+    assert store.hits > 0 and store.check() == []
 
 
 def test_follows_reuse_where_reuse_wins(chatty):
@@ -212,6 +227,85 @@ def test_a_lead_of_a_few_long_lookups_does_not_take_the_arena():
     assert many.hits["real"] > many.hits["lru"]
 
 
+@pytest.mark.parametrize("risk, driver", [(40.0, "tempo"), (60.0, "lru")])
+def test_a_switch_must_be_affordable(risk, driver):
+    """The budget is checked once a decision, so a switch may lose a whole window before it can be sent
+    back: an expert takes over only while the budget left (50 sampled pages here) covers the most its
+    miniature has lost to LRU's in one window. Mooncake's first half at 10 % with 16 in flight: tempo,
+    far ahead, took over with 6 pages left after windows lost by 92, and fell to 0.94x LRU."""
+    guard = GuardPolicy(320, 4 * B)
+    guard.lru_real = guard.lru_mini = 10_000  # a settled cache: the budget allows 0.5 % of 10,000 pages
+    assert guard.budget() == (0.0, 50.0)
+    guard.hits.update({"lru": 800.0, "reuse": 800.0, "hybrid": 800.0, "tempo": 1600.0, "lhd": 800.0, "real": 800.0})
+    for pair in guard.spread:
+        guard.spread[pair] = 100.0**2
+    guard.risk["tempo"] = risk
+    guard._decide()
+    assert guard.driving == driver
+
+
+def _held_pages(guard: GuardPolicy, packed: bytes, npages: int) -> dict[str, int]:
+    """Pages of the prompt ``packed`` that each miniature holds (nothing touched)."""
+    ids = guard._sampler.sample(NS, packed, npages)[0]
+    out = {}
+    for name, mini in guard.minis.items():
+        _, pages, _, extra = mini.trees[NS].walk(ids, len(ids) // 4)
+        out[name] = pages + extra
+    return out
+
+
+def test_miniatures_hold_a_leased_hit_until_the_lease_ends():
+    """A lease pins what a lookup hit until the worker releases it (requests in flight); each miniature
+    pins its own hit under the same lease, so it keeps what the real cache keeps, and lets it go when the
+    lease ends. Floods of other prompts, 2.5x the cache, pass while the lease is held and after."""
+    store = PrefixStore(MemoryArena(1, 64), page_size=B, shards=1, policy="guard", lease_ttl_ms=0)
+    guard = store._index.all
+    held = pack_tokens(range(1, 1 + 8 * B))
+
+    def flood(first: int) -> None:
+        for i in range(20):
+            other = pack_tokens(range(first + i * 1000, first + i * 1000 + 8 * B))
+            m = store.match(NS, other, lease=True, owner=1)
+            store.insert(NS, other, offset=m.matched_tokens, owner=1)
+            store.release(m.lease_id, 1)
+
+    store.match(NS, held, lease=True, owner=1)  # a miss: no lease, nothing held
+    assert _held_pages(guard, held, 8) == dict.fromkeys(EXPERTS, 0)  # stored when the worker stores ...
+    store.insert(NS, held, owner=1)
+    assert _held_pages(guard, held, 8) == dict.fromkeys(EXPERTS, 8)  # ... not at the lookup
+    assert guard._held == {}
+    m = store.match(NS, held, lease=True, owner=1)
+    assert m.matched_tokens == 8 * B and len(guard._held[m.lease_id][0]) == len(EXPERTS)
+    assert store.match(NS, held, lease=False).matched_tokens == 8 * B and len(guard._held) == 1  # NOLEASE: none
+    flood(10**6)
+    assert store.cached_tokens(NS, held) == 8 * B  # the lease kept it in the store ...
+    assert _held_pages(guard, held, 8) == dict.fromkeys(EXPERTS, 8)  # ... and in every miniature
+    store.release(m.lease_id, 1)
+    assert guard._held == {}
+    flood(2 * 10**6)
+    assert store.cached_tokens(NS, held) == 0 and _held_pages(guard, held, 8)["lru"] == 0
+    guard.released(12345)  # a lease it never saw (one taken under another policy): nothing happens
+    assert store.check() == []
+
+
+def test_miniature_pins_are_bounded(monkeypatch):
+    """Leases a guard never hears end of (their tree moved to another index) cannot pin its miniatures for
+    ever: beyond HELD_MAX leases the oldest are let go."""
+    monkeypatch.setattr(guard_module, "HELD_MAX", 2)
+    store = PrefixStore(MemoryArena(1, 64), page_size=B, shards=1, policy="guard", lease_ttl_ms=0)
+    guard = store._index.all
+    prompts = [pack_tokens(range(1 + i * 1000, 1 + i * 1000 + 4 * B)) for i in range(3)]
+    for p in prompts:
+        store.insert(NS, p, owner=1)
+    leases = [store.match(NS, p, lease=True, owner=1).lease_id for p in prompts]
+    assert list(guard._held) == leases[1:]
+    first = guard.minis["lru"].trees[NS].walk(guard._sampler.sample(NS, prompts[0], 4)[0], 4)[0]
+    assert first.lock_ref == 0  # let go
+    for lease_id in leases:
+        store.release(lease_id, 1)
+    assert guard._held == {} and store.check() == []
+
+
 @pytest.mark.parametrize("real, driver", [(839.0, "hybrid"), (1601.0, "lru")])
 def test_an_expert_must_beat_the_real_cache_while_lru_drives(real, driver):
     """While LRU drives, the real cache is LRU itself, pins of requests in flight included, which no
@@ -271,6 +365,9 @@ def test_switching_within_a_budget(monkeypatch):
     guard = guard_after(trace, 845)
     account, allowed = guard.budget()
     assert guard.overdrawn >= 1 and got["guard"] >= 0.99 * got["lru"], (got, guard.describe())
+    # at rate 1 the LRU miniature is LRU alone whoever drives (lookups the real cache hit whole included:
+    # no worker stores then, and each miniature stores its own misses when the lease ends)
+    assert guard.lru_mini + guard.expert_mini == got["lru"] // B
     assert -3 * allowed <= account < 0
     monkeypatch.setattr(guard_module, "BUDGET", 1.0)  # no budget: the switches of before
     unbounded = rates(trace, 845, policies=("guard",))["guard"]

@@ -10,7 +10,7 @@ import itertools
 import numpy as np
 import redis
 from pfxcache.daemon.store import MemoryArena, PrefixStore
-from pfxcache.daemon.store.guard import _mix, _unmix
+from pfxcache.daemon.store.miniatures import _mix, _unmix
 from pfxcache.testing import start_daemon
 from pfxcache.tools import policy_memory
 from pfxcache.tools.replay import replay_requests

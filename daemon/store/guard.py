@@ -26,15 +26,8 @@ simulation instead of by regret (judging them also by regret, the real
 cache's hits while each drove against its miniature's, was tried: at rate 1,
 where a miniature is its expert exactly, it marked honest experts down for
 what a switch had cost, and one expert so at a point of seed 2: reverted).
-
-Spatial sampling of a prefix tree: a page's identity is a hash of its
-namespace and every token up to its end; the page is in the sample when that
-hash is below rate x 2**64. So a page is always or never sampled, and two
-requests share a sampled page exactly when they share the prefix up to it: a
-request's sampled pages, in order, are a chain of one-token pages in the
-miniature caches, and the prefix structure survives the sampling. The LRU
-miniature predicts LRU on the whole (a page's ancestors are never less
-recent than the page); the others are their policy at scale ``rate``.
+How pages are sampled, and what a miniature models of the store, is
+pfxcache.daemon.store.miniatures.
 
 Decisions, every DECIDE_EVERY sampled lookups, on hit counts that halve
 every HALFLIFE of them. LRU drives at the start and whenever in doubt. An
@@ -53,10 +46,10 @@ and the suite's gains stay (the shared trace at 2 % 1.79x -> 1.69x LRU;
 chat 0.5 % 1.33x -> 1.32x). Leaving LRU takes more evidence than coming
 back: a wrong switch away costs the winner's lead, one back costs at
 most what LRU loses. While LRU drives, an expert must also beat the real
-cache's hits on the sampled pages: that is LRU itself, with the pins of
-requests in flight that no miniature models (with 4 in flight on held-out
-sessions the real cache hit 1.9x its LRU miniature; hybrid's miniature,
-1.9x too, took the arena and the real cache fell to 0.96x LRU).
+cache's hits on the sampled pages: that is LRU itself (made when the
+miniatures did not yet pin: with 4 in flight on held-out sessions the real
+cache hit 1.9x its LRU miniature; hybrid's miniature, 1.9x too, took the
+arena and the real cache fell to 0.96x LRU).
 
 And a budget, the goal itself kept as an account: while experts other than
 LRU drove, and until LRU had settled what they left (the cache refilled
@@ -80,6 +73,16 @@ at once, before the refills, took tempo's gains at tenants 0.5 % (1.18x ->
 budget of 7); leaving out what LRU hit while it settled took them at chat
 0.5 % (1.31x -> 1.19x: there, back under LRU, the cache tempo had shaped
 won back 57 of the 61 pages its switch had cost, and tempo could drive again).
+A switch must also be affordable: what is left of the budget must cover the
+most the expert's miniature hit less than LRU's in one window between two
+decisions (``risk``, halving every HALFLIFE), since a loss of one window
+lands before the budget is next checked. On Mooncake's synthetic first half
+at 10 % with 4 in flight tempo, ahead by 900 sampled pages, took over at
+lookup 928 of 1,145 with 7 pages of budget left, its risk 70; six windows
+later one window lost 157 pages (bursts LRU kept and tempo did not) and the
+real cache fell to 0.93x LRU (0.994x with 16 in flight). Affordable switches
+keep both at 1.00x; the price is later switches elsewhere (the shared trace
+at 2 % with none in flight 1.69x -> 1.55x LRU, tenants 0.5 % 1.18x -> 1.10x).
 
 And a check that needs no model: while another expert drives, the real
 cache's hits on the sampled pages are compared with the LRU miniature's;
@@ -96,21 +99,23 @@ half of the suite (pfxcache.tools.workloads.TUNING), the fooling workload's
 test and Mooncake's synthetic trace (whole and halves) with 16
 kv-cache-tester sessions (scripts/README.md).
 
-A miniature stores what it missed at the lookup, not when the worker stores
-it: with requests in flight (scripts/suite --in-flight), it then counts hits
-on pages the real cache does not hold yet, so the veto hands the arena back
-to LRU sooner, a bias towards safety. Storing at the worker's store instead,
-as the real cache does, kept more of the gains with 16 requests in flight
-(the suite's geometric mean 1.067x -> 1.081x LRU, before the rule on the
-real cache above) but let tempo take over late, at lookup 928 of Mooncake's
-synthetic first half at 10 %, where the real cache then fell to 0.92x-0.93x
-LRU (4 and 16 in flight): reverted. Pinning each miniature's hit under the
-lookup's lease until the lease ends (the store's pins, modelled) was tried
-too, with either store: the LRU miniature then was the real cache, but tempo
-took over at that same point and the real cache fell to 0.94x LRU (16 in
-flight), a switch not inheriting the miniature's lead; with stores at the
-lookup, the shared trace at 0.5 % with 16 in flight fell 1.31x -> 1.00x.
-Reverted (scripts/README.md, "Requests in flight").
+Requests in flight (scripts/suite --in-flight): a miniature does what the
+store does (pfxcache.daemon.store.miniatures). Its hit is pinned under the
+lookup's lease until the lease ends (the store calls released()), what it
+missed is stored when the worker stores it, and when the real cache hit the
+whole prompt, so that no store comes, when the lease ends; at rate 1 the LRU
+miniature is LRU alone, page for page, whoever drives. Before, a miniature
+stored at the lookup and pinned nothing: it counted hits on pages still in
+flight and lost what the pins keep, the real cache under LRU beat every
+miniature, and with 64 in flight the guard never left LRU (the shared trace
+at 0.5 %: 1.00x, where tempo alone gets 1.27x). Two earlier tries modelled
+one or both but never stored a miniature's misses of a prompt the real
+cache hit whole, so the LRU miniature fell behind LRU alone whenever
+another expert drove; they lost the shared trace (16 in flight, 1.31x ->
+1.00x) or Mooncake's first half at 10 % (0.94x). (scripts/README.md,
+"Requests in flight".) The leases' entries are bounded by HELD_MAX and
+hold a prompt's sampled ids at most (4 bytes a sampled page, less than the
+store's own lease keeps per page).
 
 Costs: per lookup and store, one vectorised hash of the prompt (numpy,
 O(tokens)) and the miniature caches' own O(log n) steps on the sampled pages;
@@ -130,13 +135,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import zlib
 
 import numpy as np
 
 from .lhd import LHDPolicy
+from .miniatures import MiniCache, PageSampler
 from .policies import HybridPolicy, LRUPolicy, SharedSeq, _bucket
-from .radix import RadixTree, Totals
 from .reuse import ReusePolicy
 from .tempo import TempoPolicy
 
@@ -154,230 +158,10 @@ VETO_Z = 1.0  # ... and by 1 standard deviation (2: a driver that fell behind LR
 VETO_TURNOVERS = 2.0  # ... but not before the driver has refilled the cache twice (a switch costs hits for a while)
 VETO_DECISIONS = 16  # ... for 16 decisions, twice as long each further time (64 kept trace 3 % on LRU while tempo led)
 BUDGET = 0.005  # the real cache may hit this share less than LRU would have, since the start (GuardPolicy.budget)
+HELD_MAX = 1 << 16  # leases whose hits the miniatures pin, at most (beyond: the oldest are let go)
 
 # What INFO's used_memory_policy counts (pfxcache.tools.policy_memory measures them, CPython 3.11):
-MINI_NODE_BYTES = 520  # a miniature's node: the object, its key, blocks, children and ints
 SAMPLE_ARRAY_BYTES = 112  # a node's array of sampling identities, besides its 8 bytes a page
-
-_MASK32 = np.uint64(0xFFFFFFFF)
-_DEPTH_CHUNK = 4096  # depth multipliers are made in chunks, each from its own seed (deterministic)
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, in place on a uint64 array: every input bit reaches every output bit."""
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
-    return x
-
-
-_MASK64 = (1 << 64) - 1
-_UNMUL1 = pow(0xBF58476D1CE4E5B9, -1, 1 << 64)
-_UNMUL2 = pow(0x94D049BB133111EB, -1, 1 << 64)
-
-
-def _unmix(x: int) -> int:
-    """_mix undone on one value (each step is a bijection of uint64): a page's running sum from its identity.
-
-    Python ints, not numpy: on one value a numpy step costs microseconds, and lookups call this.
-    """
-    x ^= (x >> 31) ^ (x >> 62)
-    x = (x * _UNMUL2) & _MASK64
-    x ^= (x >> 27) ^ (x >> 54)
-    x = (x * _UNMUL1) & _MASK64
-    return x ^ (x >> 30) ^ (x >> 60)
-
-
-class PageSampler:
-    """Which pages of a prompt are in the sample, and their identities as one-token pages."""
-
-    def __init__(self, page_bytes: int, rate: float) -> None:
-        self.page_bytes = page_bytes
-        self.page_tokens = page_bytes // 4
-        self.rate = rate
-        self._all = rate >= 1.0
-        self._below = np.uint64(min(int(rate * 2.0**64), 2**64 - 1))
-        rng = np.random.default_rng(0x5EED)
-        self._coef = rng.integers(1, 2**63, self.page_tokens, dtype=np.uint64) | np.uint64(1)
-        self._depth = np.empty(0, np.uint64)
-
-    def _multipliers(self, n: int) -> np.ndarray:
-        while len(self._depth) < n:
-            chunk = np.random.default_rng((0xDE97, len(self._depth) // _DEPTH_CHUNK))
-            more = chunk.integers(1, 2**63, _DEPTH_CHUNK, dtype=np.uint64) | np.uint64(1)
-            self._depth = np.concatenate([self._depth, more])
-        return self._depth[:n]
-
-    def seed(self, scope: bytes) -> np.uint64:
-        """The running sum before a namespace's first page (namespaces sample apart)."""
-        return np.uint64(zlib.crc32(scope) + 1)
-
-    def hash_pages(self, tokens: bytes, depth: int, carry: np.uint64) -> np.ndarray:
-        """The identities of the whole pages of ``tokens``, at depths ``depth``.. below a running sum ``carry``.
-
-        A page's identity is the running sum after it (a hash of each page times its depth's
-        multiplier, added up from the namespace's seed: it covers every page before it), mixed;
-        ``carry_after`` gets the sum back from the identity (8 bytes a page kept, not 16).
-        """
-        n = len(tokens) // self.page_bytes
-        pages = np.frombuffer(tokens, np.uint32, n * self.page_tokens).reshape(n, self.page_tokens)
-        h = pages.astype(np.uint64) @ self._coef  # a hash of each page (uint64 arithmetic wraps)
-        h *= self._multipliers(depth + n)[depth:]  # the page's depth is part of its identity
-        out = np.cumsum(h, dtype=np.uint64)  # ... and so is every page before it
-        out += carry
-        return _mix(out)
-
-    @staticmethod
-    def carry_after(ids: np.ndarray) -> np.uint64:
-        """The running sum after the last of the pages with identities ``ids`` (at least one)."""
-        return np.uint64(_unmix(int(ids[-1])))
-
-    def path_hashes(self, scope: bytes, node) -> np.ndarray:
-        """hash_pages() of the path from the root to radix node ``node``, from the hashes cached on its nodes.
-
-        Each node keeps its pages' (``Node.sample_hashes``; splits and trims cut it with the pages),
-        filled in on first use: a lookup that hits cached pages hashes only the pages it misses.
-        """
-        nodes = []
-        while node.parent is not None:
-            nodes.append(node)
-            node = node.parent
-        parts = []
-        depth = 0
-        for node in reversed(nodes):
-            part = node.sample_hashes
-            if part is None:
-                carry = self.carry_after(parts[-1]) if parts else self.seed(scope)
-                part = node.sample_hashes = self.hash_pages(node.key, depth, carry)
-            parts.append(part)
-            depth += len(part)
-        if len(parts) == 1:
-            return parts[0]
-        return np.concatenate(parts) if parts else np.empty(0, np.uint64)
-
-    def select(self, ids: np.ndarray) -> tuple[bytes, np.ndarray]:
-        """(the sampled pages as packed one-token pages, their depths) of pages with identities ``ids``."""
-        x = ids
-        if self._all:
-            depths = np.arange(len(x))
-        else:
-            depths = np.flatnonzero(x < self._below)
-            x = x[depths]
-        return (x & _MASK32).astype("<u4").tobytes(), depths
-
-    def sample(self, scope: bytes, tokens: bytes, npages: int) -> tuple[bytes, np.ndarray]:
-        """(the sampled pages as packed one-token pages, their depths) of the first ``npages`` pages."""
-        return self.select(self.hash_pages(tokens[: npages * self.page_bytes], 0, self.seed(scope)))
-
-    def sample_lookup(self, scope: bytes, tokens: bytes, npages: int, node, matched: int
-                      ) -> tuple[bytes, np.ndarray]:
-        """sample() of a lookup whose first ``matched`` pages end at radix node ``node`` (same values)."""
-        if node is None or not matched:
-            return self.sample(scope, tokens, npages)
-        hashes = self.path_hashes(scope, node)
-        if matched < npages:
-            P = self.page_bytes
-            tail = self.hash_pages(tokens[matched * P : npages * P], matched, self.carry_after(hashes))
-            hashes = np.concatenate((hashes, tail))
-        return self.select(hashes)
-
-
-class _MiniIndex:
-    """EvictionIndex without per-namespace indexes: a miniature cache only ever evicts globally."""
-
-    def __init__(self, factory) -> None:
-        self.all = factory()
-        self._evicted = getattr(self.all, "evicted", None)
-        self._push = self.all.push  # bound once: every miniature touch calls these twice per node
-        self._drop = self.all.drop
-
-    def add(self, node, uncovered: bool = False) -> None:
-        node.version += 1
-        node.evictable = True
-        self._push(node, uncovered)
-
-    def remove(self, node) -> None:
-        node.version += 1
-        node.evictable = False
-        self._drop()
-
-    def evicted(self, node, whole: bool) -> None:
-        if self._evicted is not None:
-            self._evicted(node, whole)
-
-    def best(self):
-        return self.all.peek(0.0)
-
-
-class MiniCache:
-    """A miniature simulation: a metadata-only prefix cache of one-token pages under one policy.
-
-    It does what the store does with a worker's requests (look up; store what
-    was missing; evict leaf first, never the path being extended), on trees
-    of its own, with its own ticks.
-    """
-
-    def __init__(self, factory, capacity: int) -> None:
-        self.capacity = max(int(capacity), 1)
-        self.index = _MiniIndex(factory)
-        self.totals = Totals()
-        self.trees: dict[bytes, RadixTree] = {}
-
-    def memory_bytes(self) -> int:
-        """About what the miniature holds: its nodes and its policy's orders, ghost and node data."""
-        nodes = sum(tree.nodes for tree in self.trees.values())
-        return nodes * MINI_NODE_BYTES + self.index.all.memory_bytes(nodes, self.totals.pages)
-
-    def _tree(self, scope: bytes) -> RadixTree:
-        tree = self.trees.get(scope)
-        if tree is None:
-            tree = self.trees[scope] = RadixTree(4, self.index, self.totals, scope)
-        return tree
-
-    def access(self, scope: bytes, ids: bytes) -> int:
-        """A lookup of ``ids`` and the store of what it missed; returns the pages it hit."""
-        n = len(ids) // 4
-        if n > self.capacity:
-            n = self.capacity
-        tree = self.trees.get(scope) or self._tree(scope)
-        node, pages = tree.locate(ids, n)
-        if pages:
-            totals = self.totals
-            totals.ticks += 1
-            tree.touch(node, totals.ticks, hit=True)  # an int: last_access shares the tick's object
-        if pages < n:
-            self._store(tree, node, ids, pages, n)
-        return pages
-
-    def store(self, scope: bytes, ids: bytes) -> None:
-        """A store of ``ids`` that no lookup announced (its pages count no hits)."""
-        n = min(len(ids) // 4, self.capacity)
-        tree = self._tree(scope)
-        node, pages = tree.locate(ids, n)
-        self._store(tree, node, ids, pages, n)
-
-    def _store(self, tree: RadixTree, node, ids: bytes, pages: int, n: int) -> None:
-        totals = self.totals
-        tree.pin(node)  # as the store's insert plan does: the prefix being extended stays
-        short = (n - pages) - (self.capacity - totals.pages)
-        index = self.index
-        while short > 0:
-            victim = index.best()
-            if victim is None:
-                break
-            k = min(short, len(victim.blocks))
-            victim.tree.trim(victim, k)
-            short -= k
-        totals.ticks += 1
-        now = totals.ticks
-        end = node
-        if pages < n:  # (block ids: none, but one byte a page keeps len() and slicing: 7 bytes a page less)
-            end = tree.add_leaf(node, ids[pages * 4 : n * 4], bytearray(n - pages), now)
-        tree.unpin(node)
-        tree.touch(end, now, hit=False)
-
 
 class Clock:
     """The latest tick a policy has seen (node.tick of its pushes): "now" for orders that age."""
@@ -502,10 +286,17 @@ class GuardPolicy(_Orders):
         self._veto_length = VETO_DECISIONS
         self._turnover = 0.0  # sampled pages still to be stored anew before a veto may judge the driver
         self._sampled_before = self._real_before = 0.0  # self.sampled and hits["real"] after the last decision
-        self._last: tuple[bytes, bytes] | None = None  # the latest lookup's pages: their store is simulated
+        self._last: tuple[bytes, bytes] | None = None  # the latest lookup's pages (scope, tokens)
         # ... and their sample (ids, depths): a function of (scope, pages) alone, so a hot prompt
         # looked up again reuses it instead of hashing and selecting its pages again
         self._last_sample: tuple[bytes, np.ndarray] | None = None
+        # lease id -> (the miniatures' nodes its lookup pinned, and the lookup's scope and sampled ids
+        # when the real cache hit it whole: no store will come, the miniatures store their misses at the end)
+        self._held: dict[int, tuple] = {}
+        # per expert, the most its miniature hit less than LRU's between two decisions, halving every
+        # HALFLIFE: what a switch to it can cost before the budget is next checked
+        self.risk = dict.fromkeys(EXPERTS, 0.0)
+        self._window = dict.fromkeys(EXPERTS, 0)  # each miniature's hits since the last decision
 
     @classmethod
     def for_store(cls, capacity: int, page_bytes: int) -> GuardPolicy:
@@ -525,10 +316,13 @@ class GuardPolicy(_Orders):
 
     # -- the request stream ------------------------------------------------------------------
 
-    def looked_up(self, scope: bytes, tokens: bytes, npages: int, matched: int, node=None) -> None:
+    def looked_up(self, scope: bytes, tokens: bytes, npages: int, matched: int, node=None, lease_id: int = 0
+                  ) -> None:
         """A lookup of ``npages`` whole pages of ``tokens`` in namespace ``scope`` matched ``matched`` pages.
 
         ``node``: the radix node where the match ends (its path's hashes are cached on it).
+        ``lease_id``: the lease pinning the match (0: none); each miniature pins its own hit until
+        released() hears that the lease ended.
         """
         sampler = self._sampler
         if sampler is None or not npages:
@@ -548,10 +342,22 @@ class GuardPolicy(_Orders):
         real = this["real"] = min(matched, npages) if sampler._all else int(np.searchsorted(depths, matched))
         hits["real"] += real
         same = True
+        held = [] if lease_id else None
+        window = self._window
         for name, mini in self._minis:
-            h = this[name] = mini.access(scope, ids)
+            h = this[name] = mini.access(scope, ids, held)
             hits[name] += h
+            window[name] += h
             same = same and h == real
+        whole = matched >= npages  # the worker stores nothing: each miniature stores what it missed itself
+        if lease_id:  # ... when the request is done, as a worker that missed would have
+            self._held[lease_id] = (held, scope, ids) if whole else (held, None, None)
+            if len(self._held) > HELD_MAX:  # leases this guard never hears end of (their tree moved away)
+                for stale in self._held.pop(next(iter(self._held)))[0]:
+                    MiniCache.release(stale)
+        elif whole:  # ... now, with no lease to end
+            for mini in self.minis.values():
+                mini.store(scope, ids, missed_only=True)
         if not same:
             spread = self.spread
             for a, b in self._pairs:
@@ -569,14 +375,30 @@ class GuardPolicy(_Orders):
         if self.lookups % DECIDE_EVERY == 0:
             self._decide()
 
+    def released(self, lease_id: int) -> None:
+        """A lease ended: the miniatures' hits held under it are unpinned (unknown ids: nothing)."""
+        entry = self._held.pop(lease_id, None)
+        if entry is not None:
+            held, scope, ids = entry
+            if ids is not None:
+                for mini in self.minis.values():
+                    mini.store(scope, ids, missed_only=True)
+            for node in held:
+                MiniCache.release(node)
+
     def stored(self, scope: bytes, tokens: bytes, npages: int) -> None:
         """An insert of ``npages`` whole pages was committed (its pages are cached now)."""
-        if self._sampler is None or not npages:
+        sampler = self._sampler
+        if sampler is None or not npages:
             return
         last = self._last
-        if last is not None and last[0] == scope and last[1].startswith(tokens[: npages * self._sampler.page_bytes]):
-            return  # the store of what the latest lookup missed: simulated with it
-        ids, depths = self._sampler.sample(scope, tokens, npages)
+        if last is not None and last[0] == scope and last[1].startswith(tokens[: npages * sampler.page_bytes]):
+            ids, depths = self._last_sample  # the store of the latest lookup's prompt: its sample, cut
+            if len(last[1]) > npages * sampler.page_bytes:
+                k = int(np.searchsorted(depths, npages))
+                ids, depths = ids[: 4 * k], depths[:k]
+        else:
+            ids, depths = sampler.sample(scope, tokens, npages)
         if len(depths):
             for mini in self.minis.values():
                 mini.store(scope, ids)
@@ -587,6 +409,13 @@ class GuardPolicy(_Orders):
         if self._turnover > 0:  # the sampled pages missed since the last decision were stored anew
             self._turnover -= (self.sampled - self._sampled_before) - (hits["real"] - self._real_before)
         best = max(EXPERTS, key=hits.__getitem__)  # on a tie the first in EXPERTS: lru
+        window, risk = self._window, self.risk
+        for name in EXPERTS:
+            lost = window["lru"] - window[name]
+            if lost > risk[name]:
+                risk[name] = lost
+        for name in EXPERTS:
+            window[name] = 0
         # While LRU drives, the real cache is LRU itself, pins of requests in flight included (module
         # docstring): an expert must beat the better of it and LRU's miniature.
         base = "real" if current == "lru" and hits["real"] > hits["lru"] else current
@@ -594,13 +423,16 @@ class GuardPolicy(_Orders):
         # the new order, but never twice over
         account, allowed = self.budget()
         within = account >= -allowed
+        # ... and only while what is left of it covers the most the expert has lost to LRU between two
+        # decisions, recently: a loss of one window lands before the budget can send it back
+        affordable = account + allowed >= risk[best]
         spent = not within and (self._turnover <= 0 or account < -2 * allowed)
         if self._veto_left:
             self._veto_left -= 1
         elif current != "lru" and spent:
             self._drive("lru")  # spent: LRU drives until its own hits have earned the budget back
             self.overdrawn += 1
-        elif best != current and (within or best == "lru") \
+        elif best != current and ((within and affordable) or best == "lru") \
                 and hits[best] > (1.0 + (BACK_MARGIN if best == "lru" else MARGIN)) * hits[base] \
                 and hits[best] - hits[base] > (BACK_Z if best == "lru" else SWITCH_Z) * self._sd(best, base):
             self._drive(best)
@@ -617,6 +449,8 @@ class GuardPolicy(_Orders):
         square = decay * decay
         for pair in self._pairs:
             self.spread[pair] *= square
+        for name in EXPERTS:
+            risk[name] *= decay
         self.sampled *= decay
         self._sampled_before = self.sampled
         self._real_before = hits["real"]

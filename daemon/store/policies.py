@@ -393,6 +393,7 @@ class EvictionIndex:
         # Policies that watch the request stream (guard) get every lookup and store; others pay nothing.
         self.looked_up = getattr(self.all, "looked_up", _ignore)
         self.stored = getattr(self.all, "stored", _ignore)
+        self.released = getattr(self.all, "released", _ignore)
         self._evicted = getattr(self.all, "evicted", None)
 
     @property

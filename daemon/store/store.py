@@ -322,7 +322,7 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas, StorePartitions):
                         rec.quota.leased += len(blocks)
         if npages:
             index = self._index if not self.parts else (rec.part or self._part_of(name)).index
-            index.looked_up(name, tokens, npages, pages, node)
+            index.looked_up(name, tokens, npages, pages, node, lease_id)
         matched = pages * self.page_size
         missed = len(tokens) // TOKEN_BYTES - matched
         rec.hits += matched
@@ -586,6 +586,7 @@ class PrefixStore(StoreFigures, EvictionCommands, StoreQuotas, StorePartitions):
             rec.quota.leased -= len(lease.blocks)
         if lease.kind == READ:
             lease.node.tree.unpin(lease.node)
+            lease.node.tree.index.released(lease.id)  # (guard's miniatures held their hits under it too)
         else:
             freed = list(lease.blocks)
             for b in freed:
