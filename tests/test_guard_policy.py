@@ -51,11 +51,12 @@ def test_sampling_is_spatial_and_keeps_prefixes():
     assert len(PageSampler(B * 4, 1.0).sample(NS, a, 64)[1]) == 64
 
 
-@pytest.mark.parametrize("in_flight", [0, 4])
+@pytest.mark.parametrize("in_flight", [0, 4, 16])
 def test_miniature_lru_is_the_store_under_lru(in_flight):
     """At rate 1 the LRU miniature hits exactly what a store under lru hits, request by request, also with
     requests in flight: it pins its hit under the lookup's lease and stores what it missed when the worker
-    stores, as the store does (storing at the lookup, it hit pages still in flight)."""
+    stores, as the store does (storing at the lookup, it hit pages still in flight); a request the store hit
+    whole stores nothing, and the miniature stores only what it missed itself (the guard's rule)."""
     trace = chatty_trace(requests=800)
     tick = itertools.count(1)
     store = PrefixStore(MemoryArena(1, 64), page_size=B, shards=1, policy="lru",
@@ -63,6 +64,7 @@ def test_miniature_lru_is_the_store_under_lru(in_flight):
     mini = MiniCache(LRUPolicy, 64)
     sampler = PageSampler(B * 4, 1.0)
     pending = []
+    whole = 0
     for req in trace.requests:
         toks, npages = replay.whole_pages(trace, req, B, replay.in_flight_pages(64, in_flight))
         packed = toks.tobytes()
@@ -75,12 +77,16 @@ def test_miniature_lru_is_the_store_under_lru(in_flight):
             packed, npages, ids, m, held = pending.pop(0)
             if npages * B > m.matched_tokens:
                 store.insert(NS, packed, offset=m.matched_tokens, owner=1)
-            mini.store(NS, ids)
+                mini.store(NS, ids)
+            else:
+                whole += 1
+                mini.store(NS, ids, missed_only=True)
             if m.lease_id:
                 store.release(m.lease_id, 1)
             for node in held:
                 MiniCache.release(node)
     assert store.hits > 0 and store.check() == []
+    assert whole > 0 or in_flight < 16  # (with 16 in flight requests are 3 pages: some come back whole)
 
 
 def test_follows_reuse_where_reuse_wins(chatty):
@@ -289,8 +295,8 @@ def test_miniatures_hold_a_leased_hit_until_the_lease_ends():
 
 
 def test_miniature_pins_are_bounded(monkeypatch):
-    """Leases a guard never hears end of (their tree moved to another index) cannot pin its miniatures for
-    ever: beyond HELD_MAX leases the oldest are let go."""
+    """Leases without number (client-lease-limit 0) cannot pin a guard's miniatures without bound: beyond
+    HELD_MAX live leases the oldest are let go."""
     monkeypatch.setattr(guard_module, "HELD_MAX", 2)
     store = PrefixStore(MemoryArena(1, 64), page_size=B, shards=1, policy="guard", lease_ttl_ms=0)
     guard = store._index.all

@@ -352,7 +352,8 @@ class GuardPolicy(_Orders):
         whole = matched >= npages  # the worker stores nothing: each miniature stores what it missed itself
         if lease_id:  # ... when the request is done, as a worker that missed would have
             self._held[lease_id] = (held, scope, ids) if whole else (held, None, None)
-            if len(self._held) > HELD_MAX:  # leases this guard never hears end of (their tree moved away)
+            if len(self._held) > HELD_MAX:  # more leases live than this (client-lease-limit 0: no limit):
+                # the oldest are let go, unstored; the simulation drifts a little, nothing else
                 for stale in self._held.pop(next(iter(self._held)))[0]:
                     MiniCache.release(stale)
         elif whole:  # ... now, with no lease to end

@@ -249,7 +249,7 @@ class MiniCache:
         index = self.index
         while short > 0:
             victim = index.best()
-            if victim is None:
+            if victim is None:  # pins hold it all: the store would refuse (OOM), the miniature goes over
                 break
             k = min(short, len(victim.blocks))
             victim.tree.trim(victim, k)
