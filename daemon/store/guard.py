@@ -357,8 +357,7 @@ class GuardPolicy(_Orders):
                 for stale in self._held.pop(next(iter(self._held)))[0]:
                     MiniCache.release(stale)
         elif whole:  # ... now, with no lease to end
-            for mini in self.minis.values():
-                mini.store(scope, ids, missed_only=True)
+            self._store_missed(scope, ids)
         if not same:
             spread = self.spread
             for a, b in self._pairs:
@@ -382,10 +381,14 @@ class GuardPolicy(_Orders):
         if entry is not None:
             held, scope, ids = entry
             if ids is not None:
-                for mini in self.minis.values():
-                    mini.store(scope, ids, missed_only=True)
+                self._store_missed(scope, ids)
             for node in held:
                 MiniCache.release(node)
+
+    def _store_missed(self, scope: bytes, ids: bytes) -> None:
+        """Each miniature stores what it missed of a prompt the real cache held whole (no store comes)."""
+        for mini in self.minis.values():
+            mini.store(scope, ids, missed_only=True)
 
     def stored(self, scope: bytes, tokens: bytes, npages: int) -> None:
         """An insert of ``npages`` whole pages was committed (its pages are cached now)."""
@@ -411,14 +414,12 @@ class GuardPolicy(_Orders):
             self._turnover -= (self.sampled - self._sampled_before) - (hits["real"] - self._real_before)
         best = max(EXPERTS, key=hits.__getitem__)  # on a tie the first in EXPERTS: lru
         window, risk = self._window, self.risk
+        lru_window = window["lru"]
         for name in EXPERTS:
-            lost = window["lru"] - window[name]
-            if lost > risk[name]:
-                risk[name] = lost
-        for name in EXPERTS:
+            risk[name] = max(risk[name], lru_window - window[name])
             window[name] = 0
-        # While LRU drives, the real cache is LRU itself, pins of requests in flight included (module
-        # docstring): an expert must beat the better of it and LRU's miniature.
+        # While LRU drives, the real cache is LRU itself (module docstring): an expert must beat the
+        # better of it and LRU's miniature.
         base = "real" if current == "lru" and hits["real"] > hits["lru"] else current
         # the budget (module docstring): a switch's cost may overdraw it while the cache is refilled under
         # the new order, but never twice over
@@ -460,8 +461,8 @@ class GuardPolicy(_Orders):
         """(what the real cache hit more than LRU would have while other experts drove, what it may lose).
 
         "LRU would have" is the LRU miniature's hits times the real cache's per miniature hit while LRU
-        drove a settled cache (1 until there is any): with requests in flight the real cache stores
-        later and pins more than the miniature, and under LRU hits a steady share more or less than it.
+        drove a settled cache (1 until there is any): about 1 now that the miniatures pin and store as
+        the store does; below rate 1 the sample makes it a steady share more or less.
         """
         scale = self.lru_real / self.lru_mini if self.lru_mini else 1.0
         return self.expert_real - scale * self.expert_mini, BUDGET * scale * (self.lru_mini + self.expert_mini)
