@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from pfxcache.daemon.store import MemoryArena, OutOfMemory, PrefixStore, pack_tokens
 from pfxcache.daemon.store import guard as guard_module
+from pfxcache.daemon.store import lhd as lhd_module
 from pfxcache.daemon.store.guard import EXPERTS, SAMPLE_PAGES, GuardPolicy
 from pfxcache.daemon.store.miniatures import MiniCache, PageSampler
 from pfxcache.daemon.store.policies import LRUPolicy
@@ -403,3 +404,46 @@ def test_a_spent_budget_keeps_lru_driving():
     assert decided(guard, "lru", lead) == "lru"  # spent: hybrid's lead does not count
     guard.lru_real, guard.lru_mini = 29_100, 30_000  # LRU's own hits have earned it back
     assert decided(guard, "lru", lead) == "hybrid" and guard.overdrawn == 1
+
+
+def growing_loop_trace(first: int = 20, every: int = 50, requests: int = 4000, seed: int = 3) -> replay.Trace:
+    """Documents of 5-15 pages read round-robin, one more document every 50 requests: the loop fits the cache,
+    then it does not (pfxcache.tools.adversarial's growing-loop, shorter)."""
+    rng = random.Random(seed)
+    ids = itertools.count(10**6)
+    docs = [[next(ids) for _ in range(rng.randint(5, 15))] for _ in range(first)]
+    out = []
+    for i in range(requests):
+        if i % every == 0:
+            docs.append([next(ids) for _ in range(rng.randint(5, 15))])
+        out.append(replay.Request(NS.decode(), B * len(docs[i % len(docs)]), hash_ids=list(docs[i % len(docs)]),
+                                  timestamp=float(i)))
+    return replay.Trace("growing-loop", out, B)
+
+
+def test_a_switch_to_lhd_brings_what_its_miniature_learned(monkeypatch):
+    """Once the loop outgrows the cache, LRU and the real cache under it hit nothing, and the lhd order, which
+    learns from what the real cache hits and evicts, forgets that the loop comes back; lhd's miniature, which
+    drove its own cache, kept part of the loop. A switch to lhd gives its order the miniature's histograms;
+    without them the real cache under lhd keeps what LRU kept (on adversarial's growing-loop at 6 % the
+    guard was 1.00x LRU, with them 3.8x)."""
+    trace = growing_loop_trace(requests=2000)
+    before, after = (replay.Trace("loop", part, B) for part in (trace.requests[:1500], trace.requests[1500:]))
+
+    def hits_after_a_switch(policy: str = "guard") -> int:
+        store = PrefixStore(MemoryArena(1, 89), page_size=B, shards=1, policy=policy, lease_ttl_ms=0)
+        replay.replay_requests(store, before, B, 89)
+        if policy == "guard":
+            guard = store._index.all
+            assert guard.driving == "lru"  # it has not switched by itself yet: the risk of the fitting phase
+            guard._drive("lhd")
+        hit = replay.replay_requests(store, after, B, 89)
+        assert store.check() == []
+        return hit
+
+    lru = hits_after_a_switch("lru")
+    learned = hits_after_a_switch()
+    assert learned >= 0.5 * hits_after_a_switch("lhd") and learned > 10 * (lru + B), (learned, lru)
+    monkeypatch.setattr(lhd_module.HitDensityModel, "adopt", lambda self, other, *scales: None)
+    forgot = hits_after_a_switch()
+    assert forgot < 0.2 * learned, (forgot, learned)

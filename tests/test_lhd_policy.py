@@ -45,6 +45,32 @@ def test_density_is_hits_per_tick_from_an_age_on():
     assert densities(hits, evictions)[0][0] < d[0]
 
 
+def test_adopt_takes_another_models_histograms_scaled():
+    """What the guard gives its lhd order at a switch: the miniature's histograms, ages x age_scale (4 buckets an
+    octave) and pages x size_scale (a size class an octave), clipped at the edges; the densities made anew."""
+    theirs = lhd.HitDensityModel()
+    small = lhd.classify(1, 2, 1)  # hit once, 2 pages, first turn
+    theirs.hits[small, age_bucket(100)] = 40.0
+    theirs.evictions[small, age_bucket(30)] = 20.0
+    theirs.hits[lhd.classify(0, 1 << 20, 1), lhd.AGE_BUCKETS - 1] = 5.0  # the largest class, the oldest age
+    theirs.eviction_age = 30.0
+    theirs.recompute()
+    same = lhd.HitDensityModel()
+    same.adopt(theirs)
+    assert [list(row) for row in same.table] == [list(row) for row in theirs.table]
+    scaled = lhd.HitDensityModel()
+    scaled.now, scaled.epoch = 12345, 7
+    scaled.adopt(theirs, age_scale=2.0, size_scale=4.0)
+    big = lhd.classify(1, 8, 1)  # 2 pages x 4
+    assert scaled.hits[big, age_bucket(200)] == theirs.hits[small, age_bucket(100)]
+    assert scaled.evictions[big, age_bucket(60)] == theirs.evictions[small, age_bucket(30)]
+    assert scaled.hits.sum() == theirs.hits.sum() and scaled.evictions.sum() == theirs.evictions.sum()
+    oldest = lhd.classify(0, 1 << 20, 1), lhd.AGE_BUCKETS - 1
+    assert scaled.hits[oldest] == theirs.hits[oldest] > 0  # clipped, kept
+    assert scaled.eviction_age == 60.0 and (scaled.now, scaled.epoch) == (12345, 7)  # its own clock
+    assert scaled.table[big][age_bucket(150)] > 0.0 == scaled.table[big][age_bucket(400)]
+
+
 def test_untrained_it_is_lru():
     """Nothing learned: every density is 0 and the oldest drawn goes; with few candidates all are drawn."""
     for policy in ("lru", "lhd"):

@@ -48,6 +48,7 @@ densities.
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from array import array
 
@@ -153,6 +154,30 @@ class HitDensityModel:
         e[cls, b] = max(0.0, e[cls, b] - DECAY ** (self.epoch - epoch))
         self.hit(cls, age)
 
+    def adopt(self, other: HitDensityModel, age_scale: float = 1.0, size_scale: float = 1.0) -> None:
+        """Learn what ``other`` learned, its ages times ``age_scale`` and its candidates' pages times ``size_scale``.
+
+        For the guard (pfxcache.daemon.store.guard): a model that learned while another policy
+        evicted saw no hit past that policy's eviction age, and as driver it then keeps what that
+        policy kept; the miniature that drove its own cache learned the ages that pay. The
+        histograms are moved by whole buckets (4 an octave, 1 a size class) and the densities made
+        anew; the clock, the explorers and the epoch stay this model's own.
+        """
+        age_shift = round(4 * math.log2(age_scale)) if age_scale > 0 else 0
+        size_shift = round(math.log2(size_scale)) if size_scale > 0 else 0
+        shape = (HIT_CLASSES, SIZE_CLASSES, TURN_CLASSES, AGE_BUCKETS)
+        for mine, theirs in ((self.hits, other.hits), (self.evictions, other.evictions)):
+            moved = np.zeros(shape)
+            src = theirs.reshape(shape)
+            sizes = np.clip(np.arange(SIZE_CLASSES) + size_shift, 0, SIZE_CLASSES - 1)
+            ages = np.clip(np.arange(AGE_BUCKETS) + age_shift, 0, AGE_BUCKETS - 1)
+            for s in range(SIZE_CLASSES):  # (np.add.at: buckets clipped at an edge add up)
+                np.add.at(moved[:, sizes[s]], (slice(None), slice(None), ages), src[:, s])
+            mine[:] = moved.reshape(mine.shape)
+        self.eviction_age = other.eviction_age * age_scale
+        self.pending = 0
+        self._tables()
+
     def _event(self) -> None:
         self.pending += 1
         if self.pending >= RECOMPUTE:
@@ -161,14 +186,18 @@ class HitDensityModel:
     def recompute(self) -> None:
         self.pending = 0
         self.epoch += 1
+        self._tables()
+        self.hits *= DECAY
+        self.evictions *= DECAY
+
+    def _tables(self) -> None:
+        """The densities from the histograms as they are."""
         hits, evictions = self.hits, self.evictions
         table = densities(hits, evictions)
         pooled = densities(hits.sum(axis=0, keepdims=True), evictions.sum(axis=0, keepdims=True))
         thin = (hits.sum(axis=1) + evictions.sum(axis=1)) < MIN_EVENTS
         table[thin] = pooled[0]
         self.table = [array("d", row) for row in table.tolist()]
-        hits *= DECAY
-        evictions *= DECAY
 
 
 class LHDPolicy:
