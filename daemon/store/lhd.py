@@ -166,11 +166,11 @@ class HitDensityModel:
         age_shift = round(4 * math.log2(age_scale)) if age_scale > 0 else 0
         size_shift = round(math.log2(size_scale)) if size_scale > 0 else 0
         shape = (HIT_CLASSES, SIZE_CLASSES, TURN_CLASSES, AGE_BUCKETS)
+        sizes = np.clip(np.arange(SIZE_CLASSES) + size_shift, 0, SIZE_CLASSES - 1)
+        ages = np.clip(np.arange(AGE_BUCKETS) + age_shift, 0, AGE_BUCKETS - 1)
         for mine, theirs in ((self.hits, other.hits), (self.evictions, other.evictions)):
             moved = np.zeros(shape)
             src = theirs.reshape(shape)
-            sizes = np.clip(np.arange(SIZE_CLASSES) + size_shift, 0, SIZE_CLASSES - 1)
-            ages = np.clip(np.arange(AGE_BUCKETS) + age_shift, 0, AGE_BUCKETS - 1)
             for s in range(SIZE_CLASSES):  # (np.add.at: buckets clipped at an edge add up)
                 np.add.at(moved[:, sizes[s]], (slice(None), slice(None), ages), src[:, s])
             mine[:] = moved.reshape(mine.shape)
