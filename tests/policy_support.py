@@ -51,10 +51,11 @@ def switched_to(policy: str) -> PrefixStore:
     return store
 
 
-def chatty_trace(requests: int = 2500, conversations: int = 8, gap: int = 40, seed: int = 1):
-    """Mooncake-format trace (blocks of B tokens): a few conversations come back every ~``gap`` requests, one
-    page longer each time, between one-shot prompts that never come back and add three times more pages than
-    a 64-page arena holds over that gap (``trace.talks``: the conversations' requests)."""
+def chatty_trace(requests: int = 2500, conversations: int = 8, gap: int = 40, seed: int = 1, growth: int = 1):
+    """Mooncake-format trace (blocks of B tokens): a few conversations come back every ~``gap`` requests,
+    ``growth`` blocks longer each time, between one-shot prompts that never come back and add three times more
+    pages than a 64-page arena holds over that gap (``trace.talks``: the conversations' requests). Every
+    request ends in half a block of its own (not a page in B-token pages; in smaller ones, a dead tail)."""
     rng = random.Random(seed)
     ids = itertools.count(1)
     convs = [[next(ids)] for _ in range(conversations)]
@@ -65,8 +66,8 @@ def chatty_trace(requests: int = 2500, conversations: int = 8, gap: int = 40, se
         ready = [k for k in range(conversations) if due[k] <= i]
         if ready:
             k = ready[0]
-            convs[k].append(next(ids))
-            if len(convs[k]) > 6:  # the conversation ends; a new one takes its place
+            convs[k] += [next(ids) for _ in range(growth)]
+            if len(convs[k]) > 6 * growth:  # the conversation ends; a new one takes its place
                 convs[k] = [next(ids)]
             hash_ids = [0, *convs[k]]
             due[k] = i + gap + rng.randrange(-5, 6)

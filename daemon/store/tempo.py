@@ -32,16 +32,43 @@ Each new gap is blended into the conversation's pace in log space: the mean
 of its log gaps, then an EWMA of weight SMOOTH (one gap alone predicts the
 next poorly).
 
+Dead tails: where a prompt ends in tokens the next turn does not share (a
+per-request suffix, or a trace's partial last block cut into smaller pages:
+the stress set's chat in 16-token pages leaves 0-7 such pages a request),
+the next turn forks off a few pages before the end of the leaf the access
+before ended on. Its parent is then the upper part of that leaf, cut by the
+lookup, with two children, and it looked like another conversation starting
+on a shared prompt: new content. And the ghost, keyed by the evicted leaf's
+last page, a dead one, never saw the conversation come back. So a fork off
+the leaf that ended the access before is a next turn when it adds at least
+TAIL_SHARE x the pages it leaves behind (an answer and a new message
+against a dead tail; another conversation on a shared prompt adds about
+what the first one had there: its own message) and leaves at most
+``PaceModel.tail`` pages, learned: 0 until at least TAIL_FORKS of the next
+turns fork off (the suite's workloads in their own blocks: 0 %-8 %; in
+smaller pages 29 %-86 %), then as many as TAIL_QUANTILE of those forks
+leave. Where none fork off, nothing changes. A whole evicted leaf's ghost is
+keyed that many pages before its end as well (a second entry in the same
+bounded ghost: it remembers fewer leaves, in no more bytes). Chat at 0.5 %
+in 16- and 32-token pages: 1.27x / 1.26x -> 1.33x / 1.33x LRU, as in its
+own 128-token blocks; the shared trace in 64-token pages at 6 %: 0.94x ->
+1.04x (scripts/README.md, "Dead tails"). Two things tried and not taken:
+making the dead tail itself the next victim (no gain: the trim takes
+trailing pages first anyway); learning the tail as twice the median of
+what every next turn leaves (it learned tails from forks of one-shot
+questions off shared prompts, and none where the tail is trimmed first).
+
 Cost: candidates are bucketed by half-octaves of their pace, one lazy heap
 of access ticks per bucket; inside a bucket paces differ by less than
 sqrt(2), so the oldest is (within that factor) the best there, and a victim
 is the best of the bucket heads: O(buckets + log n) per eviction, O(log n)
 per access, like ``hybrid``; a new leaf looks its pages up in the ghost
-(O(its pages), what storing them costs anyway) and both it and an evicted
-leaf walk to the root for their depth, as ``reuse`` does. Memory: a small
-tuple per node (``Node.tempo``) and a ghost bounded as ``ghost``'s.
-Per-namespace instances (EVICT commands) order by the paces the global
-instance set.
+(O(its pages), what storing them costs anyway), a fork looks at its
+parent's other child, and both a new leaf and an evicted one walk to the
+root for their depth, as ``reuse`` does. Memory: a small tuple per node
+(``Node.tempo``), a ghost bounded as ``ghost``'s, and 64 counts of what
+next turns left behind. Per-namespace instances (EVICT commands) order by
+the paces the global instance set.
 """
 
 from __future__ import annotations
@@ -58,6 +85,10 @@ SMOOTH = 0.5  # weight of the newest gap in a conversation's pace (log space)
 MIN_SHARE = 0.02  # new content's pace: its typical return gap / the share that returns, at least this share
 HALFLIFE = 2048  # new leaves after which the counts of new content weigh half
 PACE_BYTES = 104  # a node's tuple and its pace float (INFO's used_memory_policy)
+TAIL_CLASSES = 64  # pages a next turn left behind of the access before, counted up to this many
+TAIL_SHARE = 4  # a next turn adds at least 4x the pages it leaves behind (another request: about as many)
+TAIL_FORKS = 0.15  # a dead tail once this share of next turns fork off before the end (suite: <= 0.08) ...
+TAIL_QUANTILE = 0.9  # ... as long as this share of those forks leave behind
 
 
 def _bucket(pace: float) -> int:
@@ -78,13 +109,38 @@ class PaceModel:
     content never returns, it goes before the conversations that do.
     """
 
-    __slots__ = ("log_gap", "news", "now", "returns")
+    __slots__ = ("log_gap", "news", "now", "returns", "tails", "_turns", "tail")
 
     def __init__(self) -> None:
         self.now = 0  # latest tick pushed
         self.news = 0.0  # new leaves given the default pace
         self.returns = 0.0  # ... that came back (a hit, a next turn, through the ghost)
         self.log_gap = 0.0  # mean log of their first return gaps (weights as the counts)
+        # next turns by the pages they left behind of the access before (0: it went on from its end),
+        # halving every HALFLIFE of them; ``tail``: the dead tail those that forked off left (0: none)
+        self.tails = [0.0] * TAIL_CLASSES
+        self._turns = 0
+        self.tail = 0
+
+    def turned(self, left: int) -> None:
+        """A next turn went on from ``left`` pages before the end of the access before."""
+        tails = self.tails
+        tails[min(left, TAIL_CLASSES - 1)] += 1.0
+        self._turns += 1
+        if self._turns % 64 == 0:  # (the tail moves slowly: a histogram walk now and then)
+            if self._turns >= 2 * HALFLIFE:
+                self._turns = HALFLIFE
+                for i, n in enumerate(tails):
+                    tails[i] = 0.5 * n
+            forks = sum(tails) - tails[0]
+            tail = 0
+            if forks >= TAIL_FORKS * (forks + tails[0]):
+                seen = 0.0
+                for tail in range(1, TAIL_CLASSES):
+                    seen += tails[tail]
+                    if seen >= TAIL_QUANTILE * forks:
+                        break
+            self.tail = tail
 
     def new(self) -> None:
         self.news += 1.0
@@ -121,7 +177,8 @@ class TempoPolicy(BucketedHeaps):
         return TempoPolicy(self.model, scoped=True)
 
     def describe(self) -> dict:
-        return {"tempo_new_content_pace_ticks": round(self.model.default()), "tempo_ghost_entries": len(self._ghost)}
+        return {"tempo_new_content_pace_ticks": round(self.model.default()), "tempo_ghost_entries": len(self._ghost),
+                "tempo_dead_tail_pages": self.model.tail}
 
     def memory_bytes(self, nodes: int, pages: int) -> int:
         """Buckets, ghost and every node's tuple (see policies.HeapPolicy.memory_bytes)."""
@@ -150,6 +207,31 @@ class TempoPolicy(BucketedHeaps):
                 return ghost.pop(h)
         return None
 
+    def _left_behind(self, node):
+        """(pace, gaps) of the access before if ``node`` is its next turn that went on a few pages before its
+        end (it left a dead tail: tokens unique to that request), else None; teaches the model either way.
+
+        Its parent was cut from the leaf that ended the access before (the lookup's split: the other child,
+        the leaf's rest, still holds that access's tick and data) and was just hit. A next turn is told from
+        another conversation starting on a shared prompt by what it adds (TAIL_SHARE x what it left, at
+        least) and what it left (``model.tail`` pages at most; see the module docstring).
+        """
+        parent = node.parent
+        if parent.parent is None or parent.tempo is not None or len(parent.children) != 2 or not parent.gap:
+            return None
+        for rest in parent.children.values():
+            if rest is not node:
+                break
+        data = rest.tempo
+        if (data is None or rest.children or not data[4] or rest.freq != data[1]
+                or data[3] != rest.tick or rest.tick != parent.tick - parent.gap):
+            return None
+        left = len(rest.blocks)
+        if TAIL_SHARE * left > len(node.blocks):  # it adds about what the other one left: a shared prompt's
+            return None
+        self.model.turned(left)
+        return (data[0], data[2]) if left <= self.model.tail else None
+
     def _pace(self, node, uncovered: bool) -> tuple[float, int, bool]:
         """(the pace of ``node``'s latest access, the gaps it is made of (0: new content), whether it ended an
         access of its own); teaches the model."""
@@ -175,11 +257,19 @@ class TempoPolicy(BucketedHeaps):
             # as a leaf then, not passed through by others since), came back after parent.gap ticks.
             # (A shared prompt whose other continuations were evicted is private too, but not an end.)
             if prev[1] == parent.freq - 1:  # (else a lookup without a lease re-indexed the parent: counted then)
+                model.turned(0)
                 if not prev[2]:
                     model.returned(parent.gap)
                     return float(parent.gap), 1, True
                 return (*_blend(parent.gap, prev[0], prev[2]), True)
             return prev[0], prev[2], True
+        behind = self._left_behind(node)
+        if behind is not None:
+            pace, gaps = behind
+            if not gaps:
+                model.returned(parent.gap)
+                return float(parent.gap), 1, True
+            return (*_blend(parent.gap, pace, gaps), True)
         seen = self._returned(node)
         if seen is not None and seen[3]:  # back after it was evicted (a shared prefix's return is not its own)
             tick, pace, gaps, _ = seen
@@ -211,9 +301,14 @@ class TempoPolicy(BucketedHeaps):
         ghost = self._ghost
         tree = node.tree
         P = tree.page_bytes
-        h = self._page_key(tree.scope, node.key[-P:], tree.depth_pages(node))
+        depth = tree.depth_pages(node)
+        h = self._page_key(tree.scope, node.key[-P:], depth)
         if data is not None:
             ghost.put(h, node.tick, data[0], data[2], data[4])
+            tail = self.model.tail
+            if tail and data[4] and len(node.blocks) > tail:  # its next turn may leave the last pages behind
+                ghost.put(self._page_key(tree.scope, node.key[-(tail + 1) * P : -tail * P], depth - tail),
+                          node.tick, data[0], data[2], data[4])
         else:
             ghost.put(h, node.tick, 1.0, 0, False)
         ghost.trim(max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX)))
