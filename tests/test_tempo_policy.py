@@ -195,7 +195,7 @@ def test_the_ghost_knows_a_conversation_by_the_page_before_its_dead_tail():
     assert model.news == news and store.check() == []
 
 
-def test_where_next_turns_go_on_from_the_end_no_tail_is_learned(chatty):
+def test_where_next_turns_go_on_from_the_end_no_tail_is_learned():
     """Prompts ending in a partial block (not a page): every next turn goes on from the end, tail 0."""
     store = replay_under_leases("tempo", 0)
     assert store._index.all.model.tail == 0 and store._index.all.model.returns > 0

@@ -232,6 +232,14 @@ class TempoPolicy(BucketedHeaps):
         self.model.turned(left)
         return (data[0], data[2]) if left <= self.model.tail else None
 
+    def _came_back(self, gap: int, pace: float, gaps: int) -> tuple[float, int, bool]:
+        """_pace's answer for content back after ``gap`` ticks, whose pace so far was ``pace`` over ``gaps`` gaps
+        (0: it was new content, and its first return teaches the model)."""
+        if not gaps:
+            self.model.returned(gap)
+            return float(gap), 1, True
+        return (*_blend(gap, pace, gaps), True)
+
     def _pace(self, node, uncovered: bool) -> tuple[float, int, bool]:
         """(the pace of ``node``'s latest access, the gaps it is made of (0: new content), whether it ended an
         access of its own); teaches the model."""
@@ -240,10 +248,7 @@ class TempoPolicy(BucketedHeaps):
         if data is not None:
             pace, freq, gaps, _, end = data
             if node.freq != freq and not uncovered and node.gap:  # hit again since
-                if not gaps:
-                    model.returned(node.gap)
-                    return float(node.gap), 1, True
-                return (*_blend(node.gap, pace, gaps), True)
+                return self._came_back(node.gap, pace, gaps)
             return pace, gaps, end
         if node.freq or node.children:
             # an inner node uncovered (a shared prefix, a split's upper part: no access of its own ended
@@ -258,26 +263,15 @@ class TempoPolicy(BucketedHeaps):
             # (A shared prompt whose other continuations were evicted is private too, but not an end.)
             if prev[1] == parent.freq - 1:  # (else a lookup without a lease re-indexed the parent: counted then)
                 model.turned(0)
-                if not prev[2]:
-                    model.returned(parent.gap)
-                    return float(parent.gap), 1, True
-                return (*_blend(parent.gap, prev[0], prev[2]), True)
+                return self._came_back(parent.gap, prev[0], prev[2])
             return prev[0], prev[2], True
         behind = self._left_behind(node)
         if behind is not None:
-            pace, gaps = behind
-            if not gaps:
-                model.returned(parent.gap)
-                return float(parent.gap), 1, True
-            return (*_blend(parent.gap, pace, gaps), True)
+            return self._came_back(parent.gap, *behind)
         seen = self._returned(node)
         if seen is not None and seen[3]:  # back after it was evicted (a shared prefix's return is not its own)
             tick, pace, gaps, _ = seen
-            gap = max(node.tick - tick, 1)
-            if not gaps:
-                model.returned(gap)
-                return float(gap), 1, True
-            return (*_blend(gap, pace, gaps), True)
+            return self._came_back(max(node.tick - tick, 1), pace, gaps)
         model.new()
         return model.default(), 0, True
 
