@@ -61,7 +61,8 @@ def translate(exc: redis.ResponseError) -> PrefixCacheError:
         return exc
     text = str(exc)
     # redis-py strips the code of the errors it knows (ERR, OOM) and records it in
-    # status_code; unknown codes such as NOPREFIX stay at the front of the message.
+    # status_code; unknown codes such as NOPREFIX stay at the front of the message,
+    # unrecorded before redis-py 8.2 and recorded since.
     code = getattr(exc, "status_code", None)
     if code is None:
         head, _, rest = text.partition(" ")
@@ -69,6 +70,8 @@ def translate(exc: redis.ResponseError) -> PrefixCacheError:
             code, text = head, rest
         else:
             code = "ERR"
+    elif text.startswith(code + " "):
+        text = text[len(code) + 1 :]
     if code == "OOM" or isinstance(exc, OutOfMemoryError):
         return CacheFullError(text)
     if code == "NOPREFIX":
