@@ -35,6 +35,7 @@ from pfxcache.client import (
     pack_tokens,
 )
 from pfxcache.client.core import is_local_host as _is_local_host
+from pfxcache.client.errors import translate
 from pfxcache.testing import start_daemon
 
 PS = 4  # tokens per page
@@ -408,6 +409,21 @@ def test_pooled_and_decoding_clients_are_wrapped_not_changed(daemon, probe):
 
 
 # -- exceptions ------------------------------------------------------------------------------------------
+
+
+def test_error_codes_read_the_same_whichever_way_redis_py_reports_them():
+    """redis-py before 8.2 leaves a code it does not know (NOPREFIX) at the front of the message, unrecorded;
+    8.2 records it in status_code and leaves it there too; codes it knows (OOM) it strips and records."""
+    text = "the first 4 tokens (the offset) are not cached: only 0 are"
+    unrecorded = redis.ResponseError(f"NOPREFIX {text}")
+    recorded = redis.ResponseError(f"NOPREFIX {text}", status_code="NOPREFIX")
+    for raw in (unrecorded, recorded):
+        error = translate(raw)
+        assert type(error) is NoPrefixError and error.code == "NOPREFIX" and str(error) == text
+    full = translate(redis.exceptions.OutOfMemoryError("no free block", status_code="OOM"))
+    assert type(full) is CacheFullError and full.code == "OOM" and str(full) == "no free block"
+    other = translate(redis.ResponseError("WRONGTYPE not a namespace", status_code="WRONGTYPE"))
+    assert type(other) is PrefixCacheError and other.code == "WRONGTYPE" and str(other) == "not a namespace"
 
 
 @pytest.mark.parametrize("protocol", [3, 2])
