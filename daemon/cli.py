@@ -16,9 +16,9 @@ import trio
 
 from pfxcache import __version__
 
-from . import logs
-from .config import Config, ConfigError
-from .server import REDIS_COMPAT_VERSION, Server, StartupError
+from pfxcache.daemon.observability import logs
+from pfxcache.daemon.config.engine import Config, ConfigError
+from pfxcache.daemon.server.server import REDIS_COMPAT_VERSION, Server, StartupError
 
 USAGE = """\
 Usage: pfxcached [/path/to/pfxcached.conf] [options]

@@ -11,11 +11,11 @@ import socket
 
 import trio
 
-from pfxcache.daemon import connection
-from pfxcache.daemon.clients import Client
+from pfxcache.daemon.server import connection
+from pfxcache.daemon.server.clients import Client
 from pfxcache.daemon.commands.context import Context
-from pfxcache.daemon.config import Config
-from pfxcache.daemon.server import Server
+from pfxcache.daemon.config.engine import Config
+from pfxcache.daemon.server.server import Server
 from pfxcache.protocol.replies import ReplyBuffer
 from pfxcache.protocol.requests import RequestParser
 from pfxcache.testing import encode_command

@@ -1,4 +1,4 @@
-"""Tests for pfxcache.daemon.config: the directive table and everything
+"""Tests for pfxcache.daemon.config.engine: the directive table and everything
 derived from it (defaults, config file, command line, CONFIG GET/SET/REWRITE,
 the documented conf file).
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pfxcache.daemon.config import (
+from pfxcache.daemon.config.engine import (
     ALL_DIRECTIVES,
     DIRECTIVES,
     REDIS_ONLY,

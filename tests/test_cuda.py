@@ -517,8 +517,8 @@ def test_client_torch_paths_on_the_stand_in(fake_cupy):
 
 
 def test_prefix_service_describe_carries_the_handle(monkeypatch, fake_cupy):
-    from pfxcache.daemon.config import Config
-    from pfxcache.daemon.prefix import PrefixService
+    from pfxcache.daemon.config.engine import Config
+    from pfxcache.daemon.service.prefix import PrefixService
     from pfxcache.daemon.store import cuda_arena
     from pfxcache.protocol.replies import encode
 

@@ -10,7 +10,7 @@ import pytest
 import redis
 import zmq
 
-from pfxcache.daemon.kv_events import END_SEQ, KvEventPublisher, namespace_label
+from pfxcache.daemon.service.kv_events import END_SEQ, KvEventPublisher, namespace_label
 from pfxcache.daemon.store import pack_tokens
 from pfxcache.daemon.store.block_hashes import prompt_hashes
 from pfxcache.testing import free_port, start_daemon

@@ -70,7 +70,7 @@ def _own_imports(module: str) -> set[str]:
 
 
 def test_the_modules_are_found() -> None:
-    assert {"pfxcache.daemon.server", "pfxcache.daemon.prefix", "pfxcache.daemon.commands.table",
+    assert {"pfxcache.daemon.server.server", "pfxcache.daemon.service.prefix", "pfxcache.daemon.commands.table",
             "pfxcache.daemon.store.store", "pfxcache.protocol.requests"} <= set(MODULES)
 
 
@@ -124,15 +124,15 @@ def test_no_own_module_imported_inside_a_function() -> None:
         ("pfxcache.protocol", ("pfxcache.daemon", "pfxcache.client", "trio")),
         # The store core is synchronous and speaks no RESP.
         ("pfxcache.daemon.store", ("trio", "pfxcache.protocol", "pfxcache.daemon.commands",
-                                   "pfxcache.daemon.server", "pfxcache.daemon.prefix")),
+                                   "pfxcache.daemon.server.server", "pfxcache.daemon.service.prefix")),
         # The prefix service sits under the commands and above the store.
-        ("pfxcache.daemon.prefix", ("pfxcache.daemon.commands", "pfxcache.daemon.server",
+        ("pfxcache.daemon.service.prefix", ("pfxcache.daemon.commands", "pfxcache.daemon.server.server",
                                     "pfxcache.protocol")),
         # The ACL is consulted by dispatch: it uses the table it is given, never imports it.
-        ("pfxcache.daemon.acl", ("pfxcache.daemon.commands", "pfxcache.daemon.server")),
+        ("pfxcache.daemon.security.acl", ("pfxcache.daemon.commands", "pfxcache.daemon.server.server")),
         # Handlers and INFO see the server through their Context, never the module.
-        ("pfxcache.daemon.commands", ("pfxcache.daemon.server", "pfxcache.daemon.connection")),
-        ("pfxcache.daemon.info", ("pfxcache.daemon.server",)),
+        ("pfxcache.daemon.commands", ("pfxcache.daemon.server.server", "pfxcache.daemon.server.connection")),
+        ("pfxcache.daemon.observability.info", ("pfxcache.daemon.server.server",)),
     ],
 )
 def test_imports_go_one_direction(lower: str, forbidden: tuple[str, ...]) -> None:

@@ -301,7 +301,7 @@ def test_grafana_dashboard_queries_what_the_endpoint_exports(daemons):
     assert used, "the dashboard queries nothing"
     assert used <= exported, f"queried but not exported: {sorted(used - exported)}"
     # And every family the endpoint exports has a panel.
-    from pfxcache.daemon.metrics import NAMES
+    from pfxcache.daemon.observability.metrics import NAMES
 
     shown = {re.sub(r"_(total|bucket|count|sum)$", "", name) for name in used}
     assert set(NAMES) <= shown, f"exported but on no panel: {sorted(set(NAMES) - shown)}"

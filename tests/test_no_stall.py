@@ -14,7 +14,7 @@ import pytest
 import redis
 import trio
 
-from pfxcache.daemon.forked_check import check_in_child
+from pfxcache.daemon.service.forked_check import check_in_child
 from pfxcache.daemon.store import PrefixStore
 from pfxcache.daemon.store.arena import MemoryArena
 from test_transactions import Raw

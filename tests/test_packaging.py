@@ -22,7 +22,7 @@ def test_wheel_holds_prefixed_packages_and_command_defs(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top_level = {name.split("/", 1)[0] for name in names}
     assert top_level <= {"pfxcache", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}, top_level
-    assert "pfxcache/daemon/server.py" in names
+    assert "pfxcache/daemon/server/server.py" in names
     assert "pfxcache/protocol/requests.py" in names
     assert "pfxcache/client/__init__.py" in names
     assert "pfxcache/daemon/commands/defs/ping.json" in names

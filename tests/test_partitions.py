@@ -291,7 +291,7 @@ def test_random_command_sequences_keep_partitions_apart_and_every_byte_right(fre
 
 
 def test_config_rewrite_keeps_the_partitions_and_the_file_starts_the_same_layout(tmp_path):
-    from pfxcache.daemon.config import Config
+    from pfxcache.daemon.config.engine import Config
 
     path = tmp_path / "pfx.conf"
     path.write_text("arena-partition a:* 16\narena-partition \"b:*\" 1000k\nhz 10\n")

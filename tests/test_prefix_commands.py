@@ -22,7 +22,7 @@ import uuid
 
 import hiredis
 
-from pfxcache.daemon.config import DIRECTIVES
+from pfxcache.daemon.config.engine import DIRECTIVES
 from pfxcache.daemon.store.registry import POLICIES
 import numpy as np
 import pytest

@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from pfxcache.daemon.rwlock import RWLock
+from pfxcache.daemon.service.rwlock import RWLock
 
 
 async def test_readers_share_writers_exclude():

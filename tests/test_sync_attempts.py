@@ -11,10 +11,10 @@ import pytest
 import trio
 import trio.testing
 
-from pfxcache.daemon.config import Config
-from pfxcache.daemon.prefix import THREAD_COPY_THRESHOLD, PrefixService
-from pfxcache.daemon.rwlock import RWLock
-from pfxcache.daemon.server import build_command_table
+from pfxcache.daemon.config.engine import Config
+from pfxcache.daemon.service.prefix import THREAD_COPY_THRESHOLD, PrefixService
+from pfxcache.daemon.service.rwlock import RWLock
+from pfxcache.daemon.server.server import build_command_table
 from pfxcache.daemon.store import pack_tokens
 
 PAGE = 16

@@ -1,7 +1,7 @@
 """ACL commands: SETUSER, GETUSER, LIST, WHOAMI, DELUSER, USERS, CAT, LOG, DRYRUN, SAVE, LOAD, HELP.
 
 Replies and error texts are redis-server 7.0's; the user model is
-:mod:`pfxcache.daemon.acl`.
+:mod:`pfxcache.daemon.security.acl`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from pfxcache.protocol.replies import OK, Error, SimpleString
 
-from ..acl import AclError, load_acl_file, valid_username
+from pfxcache.daemon.security.acl import AclError, load_acl_file, valid_username
 from . import handles
 from .connection_commands import NOT_AN_INTEGER, parse_integer
 from .context import Context

@@ -13,7 +13,7 @@ from typing import Any
 
 from pfxcache.protocol.replies import Error
 
-from ..arena_grants import grants
+from pfxcache.daemon.security.arena_grants import grants
 from . import handles
 from .context import Context
 

@@ -11,9 +11,9 @@ from typing import Any
 from pfxcache.protocol.redis_strings import string2ll
 from pfxcache.protocol.replies import OK, PONG, Error, SimpleString, Verbatim
 
-from ..clients import MUTE_OFF, Client
-from ..dispatch import log_denial
-from ..gate import PAUSE_ALL, PAUSE_WRITE
+from pfxcache.daemon.server.clients import MUTE_OFF, Client
+from pfxcache.daemon.commands.dispatch import log_denial
+from pfxcache.daemon.server.gate import PAUSE_ALL, PAUSE_WRITE
 from . import handles
 from .context import NO_REPLY, Context
 

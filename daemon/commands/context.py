@@ -1,11 +1,11 @@
 """What a command handler sees: the :class:`Context` of one connection.
 
 A handler receives ``(ctx, argv)``. ``ctx.client`` is the connected
-:class:`~pfxcache.daemon.clients.Client`; ``ctx.server`` is the server as
+:class:`~pfxcache.daemon.server.clients.Client`; ``ctx.server`` is the server as
 handlers may use it, described by :class:`ServerState` -- the parts of the
 daemon that own each figure (config, stats, clients, ACL users, the prefix
 service, process memory) and the few server actions a command triggers. The
-server (:mod:`pfxcache.daemon.server`) satisfies :class:`ServerState`
+server (:mod:`pfxcache.daemon.server.server`) satisfies :class:`ServerState`
 structurally; nothing here imports it, so handlers and INFO sit below the
 server with no import cycle.
 """
@@ -15,17 +15,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # types only: nothing here is needed at import time
-    from ..acl import AclUsers
-    from ..clients import Client, ClientRegistry
-    from ..config import Config
-    from ..kv_event_service import KvEventService
-    from ..gate import CommandGate
-    from ..observers import CommandObservers
-    from ..prefix import PrefixService
-    from ..process import ProcessMemory
-    from ..pubsub import PubSub
-    from ..stats import Stats
-    from ..transactions import WatchRegistry
+    from pfxcache.daemon.security.acl import AclUsers
+    from pfxcache.daemon.server.clients import Client, ClientRegistry
+    from pfxcache.daemon.config.engine import Config
+    from pfxcache.daemon.service.kv_event_service import KvEventService
+    from pfxcache.daemon.server.gate import CommandGate
+    from pfxcache.daemon.observability.observers import CommandObservers
+    from pfxcache.daemon.service.prefix import PrefixService
+    from pfxcache.daemon.observability.process import ProcessMemory
+    from pfxcache.daemon.service.pubsub import PubSub
+    from pfxcache.daemon.observability.stats import Stats
+    from pfxcache.daemon.commands.transactions import WatchRegistry
     from .table import CommandTable
 
 __all__ = ["LATER", "NO_REPLY", "Context", "Later", "Muted", "NoReply", "ServerState"]

@@ -1,7 +1,7 @@
 """Seeing what happens: MONITOR, SLOWLOG, LATENCY, MEMORY STATS|DOCTOR|MALLOC-STATS|PURGE|HELP,
 ROLE and DEBUG SLEEP|HELP, with redis-server 7.0.15's replies and errors.
 
-The records themselves live in :mod:`pfxcache.daemon.observers` (slow log,
+The records themselves live in :mod:`pfxcache.daemon.observability.observers` (slow log,
 latency events, monitors); help texts are 7.0.15's lines for the
 subcommands pfxcached has.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from pfxcache.protocol.replies import OK, Error, Verbatim
 
-from ..pubsub import ClientSubscriptions
+from pfxcache.daemon.service.pubsub import ClientSubscriptions
 from . import handles
 from .connection_commands import LLONG_MAX, parse_integer
 from .context import NO_REPLY, Context

@@ -16,9 +16,9 @@ import numpy as np
 
 from pfxcache.protocol.replies import OK, Error
 
-from ..block_ids import block_ids_reply
-from ..forked_check import CheckFailed
-from ..prefix import PrefixService
+from pfxcache.daemon.service.block_ids import block_ids_reply
+from pfxcache.daemon.service.forked_check import CheckFailed
+from pfxcache.daemon.service.prefix import PrefixService
 from ..store.errors import StoreError
 from . import handles, handles_now
 from .context import LATER, Context

@@ -14,7 +14,7 @@ from typing import Any
 
 from pfxcache.protocol.replies import Error, Push, Replies, SimpleString
 
-from ..pubsub import ClientSubscriptions
+from pfxcache.daemon.service.pubsub import ClientSubscriptions
 from . import handles
 
 PUBSUB_HELP = [

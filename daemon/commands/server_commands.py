@@ -7,8 +7,8 @@ from typing import Any
 
 from pfxcache.protocol.replies import OK, Error, SimpleString, Verbatim
 
-from .. import info as info_sections
-from ..config import ConfigError
+from pfxcache.daemon.observability import info as info_sections
+from pfxcache.daemon.config.engine import ConfigError
 from . import handles
 from .connection_commands import SYNTAX_ERROR
 from .context import NO_REPLY, Context

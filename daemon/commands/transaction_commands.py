@@ -1,9 +1,9 @@
 """Transactions: MULTI, EXEC, DISCARD, WATCH, UNWATCH, with redis-server 7.0.15's replies.
 
-The queue and the watches are in :mod:`pfxcache.daemon.transactions`; queueing
+The queue and the watches are in :mod:`pfxcache.daemon.commands.transactions`; queueing
 itself happens in dispatch. EXEC runs the queue through dispatch's ``call``
 (stats, SLOWLOG, MONITOR as for any command). When the queue holds an async
-command (PFXGET, PFXSET ...) the EXEC runs *alone* (:mod:`pfxcache.daemon.gate`):
+command (PFXGET, PFXSET ...) the EXEC runs *alone* (:mod:`pfxcache.daemon.server.gate`):
 other clients' commands wait and none is under way, so no other client's
 command lands between, or inside, the transaction's commands.
 """
@@ -14,11 +14,11 @@ from typing import Any
 
 from pfxcache.protocol.replies import NULL_ARRAY, OK, ArrayHeader, Error, Replies
 
-from ..acl import NOPERM_KEY
-from ..dispatch import call, call_async
-from ..transactions import EXECABORT, MultiState
+from pfxcache.daemon.security.acl import NOPERM_KEY
+from pfxcache.daemon.commands.dispatch import call, call_async
+from pfxcache.daemon.commands.transactions import EXECABORT, MultiState
 from . import handles
-from ..clients import MUTE_OFF
+from pfxcache.daemon.server.clients import MUTE_OFF
 from .context import NO_REPLY, Context, Muted
 
 NESTED = Error("ERR MULTI calls can not be nested")

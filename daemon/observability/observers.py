@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .acl_log import AclLog
-from .latency import LatencyMonitor
-from .monitor import Monitors
-from .slowlog import SlowLog
+from pfxcache.daemon.security.acl_log import AclLog
+from pfxcache.daemon.observability.latency import LatencyMonitor
+from pfxcache.daemon.observability.monitor import Monitors
+from pfxcache.daemon.observability.slowlog import SlowLog
 
 __all__ = ["CommandObservers"]
 

@@ -33,10 +33,10 @@ import trio
 from pfxcache import __version__
 from pfxcache.protocol.redis_strings import stringmatchlen
 
-from . import logs
-from .acl import AclUsers
-from .clients import Client, ClientRegistry
-from .commands import (
+from pfxcache.daemon.observability import logs
+from pfxcache.daemon.security.acl import AclUsers
+from pfxcache.daemon.server.clients import Client, ClientRegistry
+from pfxcache.daemon.commands import (
     acl_commands,
     attach_commands,
     connection_commands,
@@ -48,20 +48,20 @@ from .commands import (
     server_commands,
     transaction_commands,
 )
-from .commands.table import CommandTable
-from .config import Config
-from .connection import send_chunks, serve_connection
-from .kv_event_service import KvEventService
-from .gate import CommandGate
-from .metrics import build_registry
-from .metrics_http import MetricsEndpoint
-from .observers import CommandObservers
-from .prefix import PrefixService
-from .process import ProcessMemory
-from .pubsub import PubSub
-from .push import PushQueue
-from .stats import Stats
-from .transactions import WatchRegistry
+from pfxcache.daemon.commands.table import CommandTable
+from pfxcache.daemon.config.engine import Config
+from pfxcache.daemon.server.connection import send_chunks, serve_connection
+from pfxcache.daemon.service.kv_event_service import KvEventService
+from pfxcache.daemon.server.gate import CommandGate
+from pfxcache.daemon.observability.metrics import build_registry
+from pfxcache.daemon.observability.metrics_http import MetricsEndpoint
+from pfxcache.daemon.observability.observers import CommandObservers
+from pfxcache.daemon.service.prefix import PrefixService
+from pfxcache.daemon.observability.process import ProcessMemory
+from pfxcache.daemon.service.pubsub import PubSub
+from pfxcache.daemon.server.push import PushQueue
+from pfxcache.daemon.observability.stats import Stats
+from pfxcache.daemon.commands.transactions import WatchRegistry
 
 log = logging.getLogger("pfxcached")
 

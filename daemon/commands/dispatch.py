@@ -20,11 +20,11 @@ from typing import Any
 
 from pfxcache.protocol.replies import Error, SimpleString
 
-from .commands.context import LATER, Context
-from .commands.spec import CommandSpec
-from .stats import LATENCY_BOUNDS_USEC, Stats
-from .pubsub import SUBSCRIBED_COMMANDS, subscribed_error
-from .transactions import NOT_QUEUED, QUEUED_TEXT
+from pfxcache.daemon.commands.context import LATER, Context
+from pfxcache.daemon.commands.spec import CommandSpec
+from pfxcache.daemon.observability.stats import LATENCY_BOUNDS_USEC, Stats
+from pfxcache.daemon.service.pubsub import SUBSCRIBED_COMMANDS, subscribed_error
+from pfxcache.daemon.commands.transactions import NOT_QUEUED, QUEUED_TEXT
 
 log = logging.getLogger("pfxcached")
 

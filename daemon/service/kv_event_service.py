@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .kv_events import KvEventPublisher
-from .store.events import EventFanout
+from pfxcache.daemon.service.kv_events import KvEventPublisher
+from pfxcache.daemon.store.events import EventFanout
 
 log = logging.getLogger("pfxcached")
 

@@ -1,9 +1,9 @@
 """pfxcached's configuration engine, operated like redis-server 7.0.15's.
 
-Config is data: :data:`~pfxcache.daemon.directives.DIRECTIVES` holds one
-:class:`~pfxcache.daemon.config_kinds.Directive` row per setting (name, kind,
+Config is data: :data:`~pfxcache.daemon.config.directives.DIRECTIVES` holds one
+:class:`~pfxcache.daemon.config.kinds.Directive` row per setting (name, kind,
 default, bounds, whether CONFIG SET may change it, a doc line, aliases), each
-row's ``kind`` (:mod:`pfxcache.daemon.config_kinds`) parses and shows its
+row's ``kind`` (:mod:`pfxcache.daemon.config.kinds`) parses and shows its
 values. :class:`Config` derives everything else from that table:
 
 * defaults: ``Config()``;
@@ -14,7 +14,7 @@ values. :class:`Config` derives everything else from that table:
   :meth:`Config.set`, :meth:`Config.rewrite`.
 
 The documented ``conf/pfxcached.conf`` is written by
-:func:`pfxcache.daemon.conf_file.conf_text` (regenerate it with
+:func:`pfxcache.daemon.config.conf_file.conf_text` (regenerate it with
 ``python -m pfxcache.daemon.config > conf/pfxcached.conf``).
 
 Parsing rules and error texts follow Redis 7.0.15's ``config.c``
@@ -29,7 +29,7 @@ the ``surrogateescape`` error handler, so encode values with
 ``value.encode("utf-8", "surrogateescape")`` to get the original bytes back.
 
 The kinds, the table and the generator are re-exported here, so
-``from pfxcache.daemon.config import DIRECTIVES, Int, conf_text`` keeps working.
+``from pfxcache.daemon.config.engine import DIRECTIVES, Int, conf_text`` keeps working.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ from typing import Any, Callable, Iterable, Sequence
 from pfxcache import __version__
 from pfxcache.protocol.redis_strings import splitargs, stringmatchlen
 
-from .conf_file import conf_text
-from .config_kinds import (
+from pfxcache.daemon.config.conf_file import conf_text
+from pfxcache.daemon.config.kinds import (
     AddressList,
     Bool,
     Computed,
@@ -67,7 +67,7 @@ from .config_kinds import (
     memtoull,
     quote,
 )
-from .directives import ALL_DIRECTIVES, DIRECTIVES, REDIS_ONLY
+from pfxcache.daemon.config.directives import ALL_DIRECTIVES, DIRECTIVES, REDIS_ONLY
 
 __all__ = [
     "ConfigError",
@@ -577,8 +577,3 @@ class Config:
                 os.unlink(tmp)
             raise ConfigError(f"ERR Rewriting config file: {e.strerror}") from None
 
-
-if __name__ == "__main__":  # python -m pfxcache.daemon.config > conf/pfxcached.conf
-    import sys
-
-    sys.stdout.write(conf_text())

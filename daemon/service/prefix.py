@@ -45,18 +45,18 @@ from typing import Any, NamedTuple
 
 import trio
 
-from .forked_check import check_in_child
-from .memory import MemoryAccount, MemoryFigures
-from .rwlock import RWLock
-from .store import PrefixStore
-from .config_partitions import partition_blocks
-from .store.arena import MemfdArena, MemoryArena, ShmArena
-from .store.partitioned_arena import PartitionedMemfdArena
-from .store.partitions import block_alignment, plan_layout
-from .store.cuda_arena import CudaArena
-from .store.errors import BadRequest
-from .store.quotas import QuotaBook
-from .store.results import AllocResult, EvictResult, InsertResult
+from pfxcache.daemon.service.forked_check import check_in_child
+from pfxcache.daemon.observability.memory import MemoryAccount, MemoryFigures
+from pfxcache.daemon.service.rwlock import RWLock
+from pfxcache.daemon.store import PrefixStore
+from pfxcache.daemon.config.partitions import partition_blocks
+from pfxcache.daemon.store.arena import MemfdArena, MemoryArena, ShmArena
+from pfxcache.daemon.store.partitioned_arena import PartitionedMemfdArena
+from pfxcache.daemon.store.partitions import block_alignment, plan_layout
+from pfxcache.daemon.store.cuda_arena import CudaArena
+from pfxcache.daemon.store.errors import BadRequest
+from pfxcache.daemon.store.quotas import QuotaBook
+from pfxcache.daemon.store.results import AllocResult, EvictResult, InsertResult
 
 log = logging.getLogger("pfxcached")
 

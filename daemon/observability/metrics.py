@@ -18,12 +18,12 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from .stats import LATENCY_BOUNDS_USEC
+from pfxcache.daemon.observability.stats import LATENCY_BOUNDS_USEC
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from .commands.context import ServerState
+    from pfxcache.daemon.commands.context import ServerState
 
 OTHER = "_other"  # the label of the namespaces beyond the cap
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .slowlog import redacted
+from pfxcache.daemon.observability.slowlog import redacted
 
 __all__ = ["Monitors", "monitor_line", "quote"]
 

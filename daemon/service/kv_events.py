@@ -46,7 +46,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from .store.block_hashes import to_ints
+from pfxcache.daemon.store.block_hashes import to_ints
 
 log = logging.getLogger("pfxcached")
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import textwrap
 from typing import Iterable
 
-from .config_kinds import Computed, Directive, Inapplicable
-from .directives import ALL_DIRECTIVES
+from pfxcache.daemon.config.kinds import Computed, Directive, Inapplicable
+from pfxcache.daemon.config.directives import ALL_DIRECTIVES
 
 __all__ = ["conf_text"]
 
@@ -56,7 +56,7 @@ _CONF_HEADER = """\
 #
 # Every directive below is set to its default, so this file as shipped
 # changes nothing. This file is generated from the directive table
-# (DIRECTIVES in daemon/directives.py, installed as pfxcache.daemon.directives):
+# (DIRECTIVES in daemon/config/directives.py, installed as pfxcache.daemon.config.directives):
 # edit the table, then regenerate it with:
 #
 #     python -m pfxcache.daemon.config > conf/pfxcached.conf

@@ -27,10 +27,10 @@ from trio.lowlevel import wait_readable, wait_writable
 from pfxcache.protocol.replies import ReplyBuffer, encode_into
 from pfxcache.protocol.requests import NEED_DATA, ProtocolError, RequestParser
 
-from .clients import Client
-from .commands.context import NO_REPLY, Context, Muted
-from .dispatch import Pending, execute, execute_pending
-from .fd_passing import discard_fds, send_with_fds
+from pfxcache.daemon.server.clients import Client
+from pfxcache.daemon.commands.context import NO_REPLY, Context, Muted
+from pfxcache.daemon.commands.dispatch import Pending, execute, execute_pending
+from pfxcache.daemon.server.fd_passing import discard_fds, send_with_fds
 
 log = logging.getLogger("pfxcached")
 _now = time.perf_counter_ns

@@ -17,7 +17,7 @@ from trio.lowlevel import wait_writable
 
 from pfxcache.protocol.replies import ReplyBuffer
 
-from .clients import Client
+from pfxcache.daemon.server.clients import Client
 
 
 def discard_fds(client: Client) -> None:

@@ -1,18 +1,18 @@
-"""The directive table: one :class:`~pfxcache.daemon.config_kinds.Directive`
+"""The directive table: one :class:`~pfxcache.daemon.config.kinds.Directive`
 row per setting of pfxcached, in the order the documented
 ``conf/pfxcached.conf`` lists them.
 
 Adding a setting means adding a row here, then regenerating the file
 (``python -m pfxcache.daemon.config > conf/pfxcached.conf``); the engine
-(:class:`pfxcache.daemon.config.Config`) and the file generator
-(:mod:`pfxcache.daemon.conf_file`) derive everything else from the rows.
+(:class:`pfxcache.daemon.config.engine.Config`) and the file generator
+(:mod:`pfxcache.daemon.config.conf_file`) derive everything else from the rows.
 """
 
 from __future__ import annotations
 
 import os
 
-from .config_kinds import (
+from pfxcache.daemon.config.kinds import (
     INT_MAX,
     LONG_MAX,
     UINT_MAX,
@@ -32,8 +32,8 @@ from .config_kinds import (
     String,
 )
 
-from .config_partitions import ArenaPartitions
-from .redis_directives import REDIS_DIRECTIVES
+from pfxcache.daemon.config.partitions import ArenaPartitions
+from pfxcache.daemon.config.redis_directives import REDIS_DIRECTIVES
 
 __all__ = ["ALL_DIRECTIVES", "DIRECTIVES", "REDIS_ONLY"]
 

@@ -21,10 +21,10 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from .stats import LATENCY_BOUNDS_USEC
+from pfxcache.daemon.observability.stats import LATENCY_BOUNDS_USEC
 
 if TYPE_CHECKING:
-    from .commands.context import ServerState
+    from pfxcache.daemon.commands.context import ServerState
 
 Fields = Iterable[tuple[str, Any]]
 
@@ -86,7 +86,7 @@ def _clients(server: ServerState) -> Fields:
 
 
 def _memory(server: ServerState) -> Fields:
-    # The arena, the metadata indexing it and the process, separately (see daemon/memory.py):
+    # The arena, the metadata indexing it and the process, separately (see daemon/observability/memory.py):
     # maxmemory sizes the arena only, and the rest is shown, not folded into one RSS figure.
     server.memory.sample()  # the process's RSS peak, kept by its owner for the cron
     figures = server.prefix.memory_figures()

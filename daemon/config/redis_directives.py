@@ -1,7 +1,7 @@
 """The configuration directives of redis-server 7.0.15, with the values a stock server shows.
 
 Read off ``CONFIG GET *`` of Debian's redis-server 7.0.15 with no config file. pfxcached
-implements some of these itself (the rows of :mod:`pfxcache.daemon.directives`); every other one
+implements some of these itself (the rows of :mod:`pfxcache.daemon.config.directives`); every other one
 becomes a row that accepts any value and does nothing, so that a redis.conf written for
 redis-server starts pfxcached and tools that read ``CONFIG GET *`` find the names they expect.
 """

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .config_kinds import Directive, Kind, format_memory, memtoull
+from pfxcache.daemon.config.kinds import Directive, Kind, format_memory, memtoull
 
 #: A size with a unit is bytes; a bare number is blocks.
 _BYTES = re.compile(r"[0-9]+(b|k|kb|m|mb|g|gb)", re.IGNORECASE)

@@ -1,6 +1,6 @@
 """The value kinds of pfxcached's configuration, and the row that uses them.
 
-A :class:`Directive` (one row of :data:`pfxcache.daemon.directives.DIRECTIVES`)
+A :class:`Directive` (one row of :data:`pfxcache.daemon.config.directives.DIRECTIVES`)
 names a ``kind``: a small type object (:class:`Int`, :class:`Memory`,
 :class:`Bool`, :class:`Enum`, :class:`String`, :class:`Float`, or a special kind
 such as :class:`Save`) that knows how to parse a directive's arguments, show a

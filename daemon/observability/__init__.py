@@ -1,0 +1,1 @@
+"""What operators see: INFO, Prometheus metrics, SLOWLOG, LATENCY, MONITOR, logs and memory figures."""
