@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 READY = re.compile(r"Ready to accept connections tcp on (\S+):(\d+)")
 # PFXCACHE_REDIS_SERVER picks another build (a newer Redis, or none: a path that does not exist).
 REDIS_SERVER = os.environ.get("PFXCACHE_REDIS_SERVER") or shutil.which("redis-server") or "/usr/bin/redis-server"
-INSTALL_REDIS = "apt-get install redis-server redis-tools (scripts/test installs them)"
+INSTALL_REDIS = "scripts/setup redis installs it (Debian's redis-server and redis-tools; scripts/test does too)"
 
 
 class RedisServerMissing(RuntimeError):
@@ -76,6 +76,7 @@ def start_daemon(*args: str, cwd: str | None = None, ready_timeout: float = 20.0
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        errors="backslashreplace",  # the log echoes client bytes (a bad bind address) as they came
         cwd=cwd,
     )
     lines: list[str] = []

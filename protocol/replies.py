@@ -11,7 +11,7 @@ Python value         RESP3                     RESP2
 ``Error``            ``-CODE message``         same
 ``bool``             ``#t`` / ``#f``           ``:1`` / ``:0``
 ``int``              ``:n``                    same
-``float``            ``,%.17g`` (``inf``)      bulk string of the same text
+``float``            ``,0.8`` (shortest)       bulk string of the same text
 ``bytes``/``str``    ``$len`` bulk string      same
 ``None``             ``_`` null                ``$-1`` (null bulk)
 ``NULL_ARRAY``       ``_`` null                ``*-1`` (null array)
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
+from math import copysign, inf as _INF
 from typing import Any, Iterable
 
 __all__ = [
@@ -54,8 +55,10 @@ __all__ = [
     "encode",
     "encode_into",
     "ReplyBuffer",
+    "quoted",
 ]
 
+_NEG_INF = -_INF
 _INT_TYPECODES = frozenset("bBhHiIlLqQ")
 
 #: Bulk payloads at least this large are sent as their own scatter buffer
@@ -68,6 +71,16 @@ class SimpleString:
     """A status reply such as ``+OK``; must not contain CR or LF."""
 
     text: str
+
+
+def quoted(data: bytes) -> str:
+    """A client's bytes as reply text (an error quoting an argument), echoed as sent.
+
+    Bytes that are not UTF-8 become lone surrogates (``surrogateescape``),
+    which the encoder turns back into the same bytes: redis-server quotes
+    arguments byte for byte, never as U+FFFD.
+    """
+    return data.decode("utf-8", "surrogateescape")
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,13 +179,52 @@ _CONSTANTS = {
 }
 
 
+#: Doubles within this magnitude that hold an integer are written as that integer (Redis's double2ll).
+_INTEGRAL_DOUBLE_LIMIT = float((2**63 - 1) // 2)
+
+
 def _format_double(value: float) -> bytes:
-    # Redis 7.0 formats doubles with "%.17g" and spells infinities "inf"/"-inf".
+    """A double as redis-server 7.2 and later write it in replies (``d2string``): the shortest text that
+    reads back as it.
+
+    ``nan``, ``inf``/``-inf``, ``0``/``-0``; a whole number within
+    :data:`_INTEGRAL_DOUBLE_LIMIT` as an integer; anything else as the
+    shortest round-trip digits, laid out as ``fpconv_dtoa`` lays them out
+    (:func:`_layout_digits`). So 0.8 is ``0.8``, where 7.0's ``%.17g`` wrote
+    ``0.80000000000000004``; a client parses back the very same double either way.
+    """
     if value != value:
         return b"nan"
-    if value in (float("inf"), float("-inf")):
+    if value in (_INF, _NEG_INF):
         return b"inf" if value > 0 else b"-inf"
-    return (b"%.17g" % value)
+    if value == 0:
+        return b"-0" if copysign(1.0, value) < 0 else b"0"
+    if -_INTEGRAL_DOUBLE_LIMIT <= value <= _INTEGRAL_DOUBLE_LIMIT and value == int(value):
+        return b"%d" % int(value)
+    return _layout_digits(value)
+
+
+def _layout_digits(value: float) -> bytes:
+    # repr() gives the shortest digits that round-trip; value == int(digits) * 10**exponent.
+    mantissa, _, exp_text = repr(abs(value)).partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    digits = (whole + fraction).lstrip("0")
+    exponent = int(exp_text or 0) - len(fraction)
+    stripped = digits.rstrip("0")
+    exponent += len(digits) - len(stripped)
+    digits = stripped
+    sign = "-" if value < 0 else ""
+    ndigits = len(digits)
+    magnitude = abs(exponent + ndigits - 1)  # the decimal exponent of the first digit
+    if exponent >= 0 and magnitude < ndigits + 7:  # a plain integer
+        return f"{sign}{digits}{'0' * exponent}".encode()
+    if exponent < 0 and (exponent > -7 or magnitude < 4):  # a plain decimal
+        point = ndigits + exponent
+        if point <= 0:
+            return f"{sign}0.{'0' * -point}{digits}".encode()
+        return f"{sign}{digits[:point]}.{digits[point:]}".encode()
+    fraction = f".{digits[1:]}" if ndigits > 1 else ""  # scientific: 1.5e-7, 1e+300 (no padded exponent)
+    return f"{sign}{digits[0]}{fraction}e{'-' if exponent + ndigits - 1 < 0 else '+'}{magnitude}".encode()
 
 
 class ReplyBuffer:

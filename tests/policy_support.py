@@ -15,7 +15,12 @@ import numpy as np
 from pfxcache.daemon.store import MemoryArena, OutOfMemory, PrefixStore
 from pfxcache.tools import replay
 
+import research_support  # noqa: F401 - scripts/ on sys.path: the research package
+from research import policies as research_policies
 from test_replay import B
+
+# The guard's experts (reuse, lhd) and the research policies (ghost, odds) by name, in these tests' stores.
+research_policies.register()
 
 NS = b"t"
 PAGE = 4
@@ -24,6 +29,19 @@ PAGE = 4
 def tokens(*pages: int) -> bytes:
     """Whole pages of PAGE tokens, page k holding k*16 .. k*16+3."""
     return np.asarray([p * 16 + j for p in pages for j in range(PAGE)], dtype="<u4").tobytes()
+
+
+def uneven_clock():
+    """A clock whose steps between calls differ a thousandfold: an order in its time is not one in ticks."""
+    rng = random.Random(7)
+    now = itertools.accumulate(rng.choice((0.001, 1.0)) for _ in itertools.count())
+    return lambda: next(now)
+
+
+def hits_on_clock(trace, policy: str, capacity: int, clock) -> int:
+    """replay.replay_store's hit tokens, on a store that reads ``clock``."""
+    store = PrefixStore(MemoryArena(1, capacity), page_size=B, shards=16, policy=policy, clock=clock, lease_ttl_ms=0)
+    return replay.replay_requests(store, trace, B, capacity)
 
 
 def ticking_store(nblocks: int, policy: str = "tempo", shards: int = 1) -> PrefixStore:

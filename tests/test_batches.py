@@ -7,15 +7,18 @@ the replies stay whole and in order across the yields.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
+import pytest
 import trio
 
 from pfxcache.daemon.server import connection
 from pfxcache.daemon.server.clients import Client
 from pfxcache.daemon.commands.context import Context
 from pfxcache.daemon.config.engine import Config
-from pfxcache.daemon.server.server import Server
+from pfxcache.daemon.server.assembly import build_server
+from pfxcache.daemon.server.listeners import ListenerSet
 from pfxcache.protocol.replies import ReplyBuffer
 from pfxcache.protocol.requests import RequestParser
 from pfxcache.testing import encode_command
@@ -23,9 +26,17 @@ from pfxcache.testing import encode_command
 REQUESTS = 100
 
 
-def _batch(budget_ns: int, monkeypatch) -> tuple[list, bytes]:
+@pytest.fixture
+def server():
+    """A server over a small memory arena, listening nowhere: the batches come over a socket pair."""
+    config = Config()
+    config.apply_args(["--arena", "memory", "--maxmemory", "1mb"])
+    with contextlib.ExitStack() as stack:
+        yield build_server(config, ListenerSet([], 0), stack)
+
+
+def _batch(budget_ns: int, monkeypatch, server) -> tuple[list, bytes]:
     monkeypatch.setattr(connection, "BATCH_BUDGET_NS", budget_ns)
-    server = Server(Config())
     client = Client(1, "127.0.0.1:1", "127.0.0.1:2", 3)
     client.authenticated = True
     ctx = Context(server, client)
@@ -38,8 +49,8 @@ def _batch(budget_ns: int, monkeypatch) -> tuple[list, bytes]:
     return steps, b"".join(bytes(chunk) for chunk in out.take())
 
 
-def test_a_long_batch_yields_and_keeps_its_replies_in_order(monkeypatch):
-    steps, replies = _batch(0, monkeypatch)  # every check finds the budget spent
+def test_a_long_batch_yields_and_keeps_its_replies_in_order(monkeypatch, server):
+    steps, replies = _batch(0, monkeypatch, server)  # every check finds the budget spent
     assert steps and all(step is connection.YIELD for step in steps)
     # after a yield the batch starts over: the clock starts at its BATCH_CHECK-th command and
     # is looked at again BATCH_CHECK commands later, so each stretch runs 2 * BATCH_CHECK - 1
@@ -47,17 +58,16 @@ def test_a_long_batch_yields_and_keeps_its_replies_in_order(monkeypatch):
     assert replies == b"".join(b"$%d\r\n%d\r\n" % (len(str(i)), i) for i in range(REQUESTS))
 
 
-def test_a_short_batch_runs_through(monkeypatch):
-    steps, replies = _batch(10**12, monkeypatch)
+def test_a_short_batch_runs_through(monkeypatch, server):
+    steps, replies = _batch(10**12, monkeypatch, server)
     assert steps == []
     assert replies.count(b"\r\n") == 2 * REQUESTS
 
 
-async def test_a_connection_that_yields_answers_every_request(monkeypatch):
+async def test_a_connection_that_yields_answers_every_request(monkeypatch, server):
     """serve_connection itself on a socket pair, the budget spent at every check: the
     pipeline's replies arrive whole and in order across the checkpoints."""
     monkeypatch.setattr(connection, "BATCH_BUDGET_NS", 0)
-    server = Server(Config())
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
     theirs.setblocking(False)

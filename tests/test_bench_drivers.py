@@ -34,7 +34,9 @@ def test_lease_pairs_take_and_release_a_lease_each(daemon):
 
 def test_lease_pairs_stop_on_a_miss(daemon):
     tokens = np.arange(5000, 5000 + 4 * PAGE, dtype="<u4").tobytes()  # never stored: not a full hit
-    with pytest.raises(Exception):
+    # The first reply is checked before the second request is built: a miss stops the run with its reason.
+    with pytest.raises(RuntimeError, match=r"^a client process failed: RuntimeError: PFXGET was not a leased full hit: "
+                                           r"0 tokens$"):
         pair_load.run(daemon.address, pair_load.lease_pair(b"pairs-miss", tokens, 4 * PAGE), pairs=10, clients=2,
                       processes=1)
 

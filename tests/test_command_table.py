@@ -559,6 +559,10 @@ def test_our_rows_match_redis_server(table: CommandTable, live) -> None:
     [b"select"],
     [b"time", b"x"],
     [b"dbsize", b"x"],
+    [b"f\xffo", b"\xfe\xc3(", b"b"],  # not UTF-8: echoed byte for byte, never as U+FFFD
+    [b"client", b"b\xff\xfe"],
+    [b"config", b"\xc3(", b"x"],
+    [b"\xc3" * 200, b"\xa9" * 200],
 ])
 def test_dispatch_errors_match_redis_server(table: CommandTable, live, argv: list[bytes]) -> None:
     got = table.resolve(argv)

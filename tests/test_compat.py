@@ -4,7 +4,8 @@ The help texts, CLIENT's subcommands and CLIENT LIST's fields are 7.0.15's (not
 7.2's); Redis's maxmemory-policy names are accepted; CONFIG RESETSTAT resets
 what Redis resets; a stock Debian redis.conf starts the daemon; CONFIG SET bind
 adds and drops addresses without rebinding those that stay; CONFIG GET port
-tells the port bound for ``port 0``.
+tells the port bound for ``port 0``; an error that quotes the client's bytes
+echoes them as sent, never as U+FFFD.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import socket
 import pytest
 import redis
 
-from pfxcache.testing import start_daemon
+from pfxcache.testing import encode_command, start_daemon
+from support import RawClient
 
 DEBIAN_CONF = "/etc/redis/redis.conf"
 
@@ -51,6 +53,34 @@ def reply(client, *args):
 def is_subsequence(ours: list, theirs: list) -> bool:
     it = iter(theirs)
     return all(line in it for line in ours)
+
+
+NOT_UTF8 = b"\xff\xfe\xc3("  # invalid as UTF-8 in three ways: bytes never used, a bad continuation
+
+
+@pytest.mark.parametrize("payload", [
+    encode_command(b"fo" + NOT_UTF8, b"a" + NOT_UTF8, b"b"),  # unknown command and its args
+    encode_command(b"CLIENT", b"bo" + NOT_UTF8),  # unknown subcommands
+    encode_command(b"CONFIG", NOT_UTF8, b"x"),
+    encode_command(b"PUBSUB", NOT_UTF8, b"x"),
+    encode_command(b"HELLO", b"3", NOT_UTF8),
+    encode_command(b"CLIENT", b"LIST", b"TYPE", NOT_UTF8),
+    encode_command(b"CLIENT", b"KILL", b"TYPE", NOT_UTF8),
+    encode_command(b"ACL", b"SETUSER", b"someone", b"+nope" + NOT_UTF8),  # a name looked up in the table
+    encode_command(NOT_UTF8 * 50, NOT_UTF8 * 50),  # cut at 128 bytes, mid-character
+    b"fo" + NOT_UTF8 + b" a" + NOT_UTF8 + b"\r\n",  # inline commands
+    b"client bo" + NOT_UTF8 + b"\r\n",
+    b"config " + NOT_UTF8 + b" x\r\n",
+], ids=lambda payload: repr(payload[:24]))
+def test_errors_quote_the_clients_bytes_as_redis_server_does(pfx, redis_server, payload: bytes) -> None:
+    replies = []
+    for address in (pfx.address, redis_server.address):
+        with RawClient(address) as conn:
+            conn.send(payload)
+            replies.append(conn.read_raw())
+    ours, theirs = replies
+    assert theirs.startswith(b"-ERR ") and b"\xff" in theirs  # the case quotes raw bytes at all
+    assert ours == theirs
 
 
 @pytest.mark.parametrize("command", ["CLIENT", "CONFIG", "ACL", "OBJECT"])
@@ -200,5 +230,24 @@ def test_config_get_port_tells_the_port_bound_for_port_0() -> None:
         assert client.config_get("port") == {"port": str(daemon.port)}
         assert client.info("server")["tcp_port"] == daemon.port
         client.close()
+    finally:
+        daemon.stop()
+
+
+def test_config_set_bind_to_a_name_that_is_no_host_fails_as_redis_does(redis_server) -> None:
+    """A bind address that is not ASCII is refused with redis-server's error; the daemon keeps its listeners."""
+    daemon = start_daemon()
+    try:
+        client = redis.Redis(*daemon.address)
+        ref = redis.Redis(port=redis_server.port)
+        try:
+            ours, theirs = (reply(c, "CONFIG", "SET", "bind", b"a\xff") for c in (client, ref))
+        finally:
+            ref.close()
+        assert ours == theirs
+        assert ours == ("error", "CONFIG SET failed (possibly related to argument 'bind') - "
+                                 "Failed to bind to specified addresses.")
+        assert client.config_get("bind")["bind"] == "127.0.0.1"
+        assert client.ping()
     finally:
         daemon.stop()

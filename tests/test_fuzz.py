@@ -4,13 +4,18 @@ One pfxcached (tiny arena, so eviction and OOM paths run) serves the whole
 module. Every exchange opens a connection, sends its bytes (split at random
 offsets), half-closes and reads until the daemon closes: an exchange that does
 not end within the timeout is a hang. Every byte received must parse as RESP
-replies (hiredis), nothing left over. After each run the daemon still answers
-PING, is still the same process, and PFXCHECK (the store's invariants) passes.
+replies (hiredis), nothing left over, and every error reply names its code and
+a reason. After each run the daemon still answers PING, is still the same
+process, PFXCHECK (the store's invariants) passes, and the closed connections
+hold nothing: no lease, no unfinished insert, no client, no subscription.
+The examples are derandomized (tests/conftest.py's profile): a failure comes back
+on every run.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import struct
 import time
@@ -25,11 +30,14 @@ from hypothesis import strategies as st
 from pfxcache.testing import encode_command, start_daemon
 
 EXCHANGE_TIMEOUT = 10.0
-#: PFXCACHE_FUZZ_EXAMPLES=5000 for a longer run than CI's.
-FUZZ = settings(max_examples=int(os.environ.get("PFXCACHE_FUZZ_EXAMPLES", "200")), deadline=None, suppress_health_check=list(HealthCheck), database=None)
+#: PFXCACHE_FUZZ_EXAMPLES=5000 for a longer run than CI's. Built on the profile tests/conftest.py loads:
+#: "deterministic" (derandomized, CI's) draws the same examples on every run, HYPOTHESIS_PROFILE=explore fresh ones.
+FUZZ = settings(settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic")),
+                max_examples=int(os.environ.get("PFXCACHE_FUZZ_EXAMPLES", "200")), deadline=None,
+                suppress_health_check=list(HealthCheck), database=None)
 
 #: Commands whose random arguments could take the daemon down or lock the fuzzer out: not fuzzed
-#: (and CONFIG RESETSTAT, which would zero the commandstats the last test reads).
+#: (and CONFIG RESETSTAT, which would zero the commandstats the argument fuzzer reads).
 UNSAFE = {"shutdown", "config|set", "config|rewrite", "client|kill", "acl|setuser", "acl|deluser", "acl|load",
           "acl|save", "config|resetstat",
           # a random timeout would stall every other test's client for that long
@@ -98,6 +106,25 @@ def parse_all(data: bytes) -> list:
     return replies
 
 
+#: An error reply: an upper-case code, then a reason.
+ERROR_REPLY = re.compile(r"[A-Z][A-Z_]* \S.*", re.DOTALL)
+
+
+def assert_well_formed(reply) -> None:
+    """A parsed reply holds only RESP values, and each error in it says what went wrong."""
+    if isinstance(reply, hiredis.ReplyError):
+        assert ERROR_REPLY.fullmatch(str(reply)), f"an error reply without a code and a reason: {reply!r}"
+    elif isinstance(reply, (list, set)):
+        for item in reply:
+            assert_well_formed(item)
+    elif isinstance(reply, dict):
+        for key, value in reply.items():
+            assert_well_formed(key)
+            assert_well_formed(value)
+    else:
+        assert reply is None or isinstance(reply, (bytes, str, int, float, bool)), (type(reply), reply)
+
+
 def assert_healthy(daemon) -> None:
     assert daemon.proc.poll() is None, daemon.log_text()[-3000:]
     with socket.create_connection(daemon.address, timeout=EXCHANGE_TIMEOUT) as sock:
@@ -108,6 +135,29 @@ def assert_healthy(daemon) -> None:
             assert chunk, data
             data += chunk
     assert data == b"+PONG\r\n+OK\r\n", data
+
+
+def held(client: redis.Redis) -> dict[str, int]:
+    """What open connections hold in the daemon: each figure goes back to its idle value once they close."""
+    stats = client.execute_command("PFXINFO")[b"stats"]
+    info = client.info()
+    return {
+        "leases": stats[b"leases"], "fenced_leases": stats[b"fenced_leases"],
+        "blocks_leased": stats[b"blocks_leased"], "pinned_pages": stats[b"pinned_pages"],
+        "inserts_in_progress": stats[b"inserts_in_progress"],
+        # every block in use is a cached page's: none kept by a connection that went away
+        "blocks_used_uncached": stats[b"blocks_used"] - stats[b"blocks_cached"],
+        "connected_clients": info["connected_clients"], "blocked_clients": info["blocked_clients"],
+        "pubsub_channels": info["pubsub_channels"], "pubsub_patterns": info["pubsub_patterns"],
+    }
+
+
+def assert_nothing_held(client: redis.Redis, idle: dict[str, int], timeout: float = 5.0) -> None:
+    """Within ``timeout`` (a closed connection is let go after its socket closes), ``held`` is back to ``idle``."""
+    deadline = time.monotonic() + timeout
+    while (now := held(client)) != idle and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert now == idle, {name: (now[name], idle[name]) for name in now if now[name] != idle[name]}
 
 
 # -- RESP byte streams --------------------------------------------------------------------------
@@ -166,14 +216,40 @@ streams = st.builds(
 )
 
 
-@FUZZ
-@given(data=st.one_of(streams, st.binary(max_size=400)), offsets=st.lists(st.integers(0, 10**6), max_size=8))
-def test_random_and_mutated_resp_streams(target, data, offsets):
-    parse_all(exchange(target.address, _split(data, offsets)))
+def test_random_and_mutated_resp_streams(target):
+    watcher = redis.Redis(host=target.host, port=target.port, protocol=3)
+    idle = held(watcher)
+    connections = watcher.info("stats")["total_connections_received"]
+    exchanges = 0
 
+    @FUZZ
+    @given(data=st.one_of(streams, st.binary(max_size=400)), offsets=st.lists(st.integers(0, 10**6), max_size=8))
+    def send(data, offsets):
+        nonlocal exchanges
+        exchanges += 1
+        for reply in parse_all(exchange(target.address, _split(data, offsets))):
+            assert_well_formed(reply)
 
-def test_random_streams_leave_the_daemon_healthy(target):
+    send()
+    assert exchanges >= FUZZ.max_examples, exchanges  # every example ran, none was skipped
     assert_healthy(target)
+    # Every exchange reached the daemon as a connection of its own (and the health check one more).
+    assert watcher.info("stats")["total_connections_received"] == connections + exchanges + 1
+    assert_nothing_held(watcher, idle)
+    watcher.close()
+
+
+def test_the_leak_check_sees_a_lease_held_by_an_open_connection(target):
+    watcher = redis.Redis(host=target.host, port=target.port, protocol=3)
+    idle = held(watcher)
+    holder = redis.Redis(host=target.host, port=target.port, protocol=3)
+    reply = holder.execute_command("PFXGET", "seed", "TOKENS", *range(8))
+    assert reply[b"lease"], reply
+    with pytest.raises(AssertionError, match=r"'leases': \(1, 0\)"):
+        assert_nothing_held(watcher, idle | {"connected_clients": idle["connected_clients"] + 1}, timeout=0.2)
+    holder.close()  # the lease goes with its connection
+    assert_nothing_held(watcher, idle)
+    watcher.close()
 
 
 def test_a_pipeline_split_at_every_offset_gets_the_same_replies(target):
@@ -214,50 +290,58 @@ def command_names(target):
     return sorted(n for n in names if n not in UNSAFE)
 
 
-#: PFX commands the argument fuzzer sent (up to the first QUIT of each exchange), by name: what the
-#: consistency test expects commandstats to count. Which commands a run draws depends on its seed.
-SENT: Counter[str] = Counter()
 PFX_COMMANDS = ("pfxget", "pfxset", "pfxalloc", "pfxrelease", "pfxevict", "pfxinfo")
 
 
-@FUZZ
-@given(data=st.data())
-def test_random_arguments_for_every_command(target, command_names, data):
-    # The PFX commands are drawn more often than the others, so the consistency test below
-    # gets enough of them however many commands the table holds.
-    names = st.sampled_from(command_names + [name for name in PFX_COMMANDS if name in command_names] * 3)
-    calls = data.draw(st.lists(st.tuples(names, st.lists(arguments, max_size=12)), min_size=1, max_size=6))
-    payload = []
-    quits = uncounted = False
-    for name, args in calls:
-        argv = [part.encode() for part in name.split("|")] + args
-        # Counted while the connection is in its plain state: after a QUIT, a (P)SUBSCRIBE, MONITOR or
-        # CLIENT REPLY the daemon may close, refuse or answer differently, as Redis does.
-        if not quits and not uncounted and name in PFX_COMMANDS:
-            SENT[name] += 1
-        quits = quits or name in ("quit",)
-        uncounted = uncounted or name in UNCOUNTED
-        payload.append(encode_command(*argv))
-    replies = parse_all(exchange(target.address, [b"".join(payload)]))
-    if not quits and not uncounted:
-        assert len(replies) == len(calls), (calls, replies)
-
-
-def test_every_command_with_random_arguments_leaves_the_store_consistent(target):
-    assert_healthy(target)
-    client = redis.Redis(host=target.host, port=target.port, protocol=3)
-    deadline = time.monotonic() + 5
-    while client.execute_command("PFXINFO")[b"stats"][b"leases"] and time.monotonic() < deadline:
-        time.sleep(0.05)  # the fuzzers' connections are closed: their leases go with them
-    info = client.execute_command("PFXINFO")
-    assert info[b"stats"][b"leases"] == 0, info
-    # Every PFX command the fuzzer sent was counted (it reached the table, the handler or the
-    # arity check, never vanished), most reached the handlers, and memory stayed bounded.
+def _pfx_counted(client: redis.Redis) -> Counter[str]:
+    """How many of each PFX command the daemon counted: run, or refused at the table or the arity check."""
     commandstats = client.info("commandstats")
-    pfx = {name: commandstats.get(f"cmdstat_{name}", {}) for name in PFX_COMMANDS}
-    counted = {name: stat.get("calls", 0) + stat.get("rejected_calls", 0) for name, stat in pfx.items()}
-    assert all(counted[name] >= SENT[name] for name in PFX_COMMANDS), (counted, SENT)
-    assert sum(SENT.values()) >= 20, SENT
-    assert sum(stat.get("calls", 0) for stat in pfx.values()) >= 20, pfx
-    assert client.info("memory")["used_memory_rss"] < 300 * 2**20
-    client.close()
+    return Counter({name: commandstats.get(f"cmdstat_{name}", {}).get("calls", 0)
+                    + commandstats.get(f"cmdstat_{name}", {}).get("rejected_calls", 0) for name in PFX_COMMANDS})
+
+
+def test_random_arguments_for_every_command(target, command_names):
+    watcher = redis.Redis(host=target.host, port=target.port, protocol=3)
+    idle = held(watcher)
+    counted_before = _pfx_counted(watcher)
+    calls_before = sum(watcher.info("commandstats").get(f"cmdstat_{name}", {}).get("calls", 0)
+                       for name in PFX_COMMANDS)
+    # PFX commands sent (up to the first QUIT of each exchange), by name: what commandstats must count.
+    sent: Counter[str] = Counter()
+    # The PFX commands are drawn more often than the others, so that enough of them are sent
+    # however many commands the table holds.
+    names = st.sampled_from(command_names + [name for name in PFX_COMMANDS if name in command_names] * 3)
+
+    @FUZZ
+    @given(calls=st.lists(st.tuples(names, st.lists(arguments, max_size=12)), min_size=1, max_size=6))
+    def send(calls):
+        payload = []
+        quits = uncounted = False
+        for name, args in calls:
+            argv = [part.encode() for part in name.split("|")] + args
+            # Counted while the connection is in its plain state: after a QUIT, a (P)SUBSCRIBE, MONITOR or
+            # CLIENT REPLY the daemon may close, refuse or answer differently, as Redis does.
+            if not quits and not uncounted and name in PFX_COMMANDS:
+                sent[name] += 1
+            quits = quits or name in ("quit",)
+            uncounted = uncounted or name in UNCOUNTED
+            payload.append(encode_command(*argv))
+        replies = parse_all(exchange(target.address, [b"".join(payload)]))
+        for reply in replies:
+            assert_well_formed(reply)
+        if not quits and not uncounted:
+            assert len(replies) == len(calls), (calls, replies)
+
+    send()
+    assert_healthy(target)
+    # The fuzzers' connections are closed: their leases, inserts and subscriptions went with them.
+    assert_nothing_held(watcher, idle)
+    # Every PFX command sent was counted (it reached the table, the handler or the arity check, never
+    # vanished), most reached the handlers, and memory stayed bounded.
+    counted = _pfx_counted(watcher) - counted_before
+    assert {name: counted[name] for name in PFX_COMMANDS if counted[name] < sent[name]} == {}, (counted, sent)
+    assert sum(sent.values()) >= 20, sent
+    calls = sum(watcher.info("commandstats").get(f"cmdstat_{name}", {}).get("calls", 0) for name in PFX_COMMANDS)
+    assert calls - calls_before >= 20, (calls, calls_before)
+    assert watcher.info("memory")["used_memory_rss"] < 300 * 2**20
+    watcher.close()

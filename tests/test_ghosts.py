@@ -7,9 +7,8 @@ import random
 from collections import OrderedDict
 
 from pfxcache.daemon.store import MemoryArena, PrefixStore
-from pfxcache.daemon.store.ghosts import Ghost
+from pfxcache.daemon.store.ghosts import GHOST_MAX, GHOST_MIN, GHOST_PER_LEAF, Ghost
 from pfxcache.daemon.store.guard import GuardPolicy
-from pfxcache.daemon.store.policies import GHOST_MAX, GHOST_MIN, GHOST_PER_LEAF
 from pfxcache.tools.replay import replay_requests
 
 from test_guard_policy import fooling_trace

@@ -1,4 +1,4 @@
-"""pfxcache.tools.hindsight and fifo_family: the page-granular LRU is the store's LRU, Belady bounds every rule."""
+"""research.hindsight and fifo_family (scripts/research): the page-granular LRU is the store's LRU, Belady bounds every rule."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import random
 
 import pytest
 
-from pfxcache.tools import adversarial, fifo_family, hindsight, replay
+from pfxcache.tools import replay
+
+import research_support  # noqa: F401 - scripts/ on sys.path: the research package
+from research import adversarial, fifo_family, hindsight
 
 from test_replay import B
 from policy_support import chatty_trace

@@ -38,7 +38,7 @@ def test_config_set_hz_changes_how_often_background_work_runs(fresh_daemon):
     client.close()
 
 
-# Redis's string2ll decides what is an integer; TOKENS lists end at the first argument that is not one.
+# Redis's string2ll decides what is an integer; a TOKENS list holds integers up to the command's next option.
 INTEGER_SPELLINGS = [b"0", b"7", b"007", b"00", b"-0", b"+1", b" 1", b"1 ", b"-1", b"4294967295",
                      b"4294967296", b"1e3", b"0x10", b"\xd9\xa3"]
 
@@ -61,8 +61,8 @@ def test_token_ids_are_integers_exactly_when_redis_says_so(daemon, redis_server,
     except redis.ResponseError as exc:
         error = str(exc)
     if not redis_integer:
-        # Not an integer: the TOKENS list ended before it, and it is no option either.
-        assert error is not None and "unknown option" in error, (raw, error)
+        # Not an integer, and no option: a bad token id.
+        assert error is not None and "is not an unsigned 32-bit integer" in error, (raw, error)
     elif 0 <= int(raw) <= 2**32 - 1:
         assert error is None, (raw, error)
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -12,6 +13,12 @@ import time
 import pytest
 import redis
 
+from pfxcache.daemon.config.directives import DIRECTIVES
+from pfxcache.daemon.config.engine import Config
+from pfxcache.daemon.config.kinds import Computed, Inapplicable
+from pfxcache.daemon.server.assembly import check_host_memory
+from pfxcache.daemon.server.errors import StartupError
+from pfxcache.daemon.server.host_memory import HostLimit, host_limits, shortfall
 from pfxcache.testing import encode_command, free_port, start_daemon
 from support import RawClient, exchange
 
@@ -24,6 +31,125 @@ def run_daemon(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
 def test_version_and_help():
     assert "pfxcached v=" in run_daemon("--version").stdout
     assert "Usage: pfxcached" in run_daemon("--help").stdout
+
+
+def test_help_lists_every_directive_with_its_default():
+    lines = run_daemon("--help").stdout.splitlines()
+    rows = {line.split()[0]: line for line in lines if line.startswith("  ") and not line.startswith("   ")}
+    listed = [d for d in DIRECTIVES if not isinstance(d.kind, Inapplicable)]
+    assert sorted(rows) == sorted(d.name for d in listed)
+    for d in listed:
+        default = d.default.conf if isinstance(d.default, Computed) else d.kind.conf(d.default)
+        assert rows[d.name].split()[1] == (default.split()[0] if default else '""'), d.name
+    assert "256mb" in rows["maxmemory"] and "guard" in rows["maxmemory-policy"].split()
+    assert all(policy in rows["maxmemory-policy"] for policy in ("lru", "lfu", "noeviction"))
+
+
+def test_startup_log_states_the_geometry():
+    daemon = start_daemon("--arena", "memory", "--maxmemory", "1mb", "--page-size", "4", "--block-bytes", "8",
+                          "--maxmemory-policy", "lru", "--shards", "2")
+    try:
+        assert ("Arena memory of 1.00M: 131072 blocks of 8 bytes, page-size 4 tokens, maxmemory 1.00M, "
+                "maxmemory-policy lru, 2 shards") in daemon.log_text()
+    finally:
+        assert daemon.stop() == 0
+
+
+def _no_big_files() -> None:
+    # Should the check ever be skipped, the arena's ftruncate past this limit kills the daemon
+    # with SIGXFSZ instead of the host's OOM killer ending a neighbour.
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))
+
+
+@pytest.mark.parametrize("arena", ["shm", "memory"])
+def test_a_maxmemory_the_host_cannot_back_is_a_startup_error(tmp_path, arena):
+    """Asked for far more than the machine and its cgroup have, the daemon refuses before
+    allocating anything, says why, exits 1; a daemon already running is untouched."""
+    neighbour = start_daemon("--arena", "memory")
+    try:
+        total = sum(limit.available for limit in host_limits())
+        asked = max(total * 16, 1 << 40)
+        pidfile = tmp_path / "p.pid"
+        result = subprocess.run(
+            [sys.executable, "-m", "pfxcache.daemon", "--port", "0", "--arena", arena, "--maxmemory", str(asked),
+             "--pidfile", str(pidfile)],
+            capture_output=True, text=True, timeout=30, preexec_fn=_no_big_files)
+        out = result.stdout + result.stderr
+        assert result.returncode == 1, out
+        assert "# Can't reserve the block arena: maxmemory" in out and "more than this host can give" in out
+        assert "Traceback" not in out and "Ready to accept" not in out
+        assert not pidfile.exists()
+        assert exchange(neighbour.address, b"PING\r\n")[0] == b"+PONG\r\n"
+    finally:
+        assert neighbour.stop() == 0
+
+
+def _machine(root, meminfo: str, cgroup: str, files: dict[str, str]) -> tuple[str, str]:
+    proc, fs = root / "proc", root / "cgroup"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text(meminfo)
+    (proc / "self" / "cgroup").write_text(cgroup)
+    for path, text in files.items():
+        (fs / path).parent.mkdir(parents=True, exist_ok=True)
+        (fs / path).write_text(text)
+    return str(proc), str(fs)
+
+
+def test_host_limits_read_meminfo_and_cgroup_v2(tmp_path):
+    proc, fs = _machine(
+        tmp_path, "MemTotal: 8000000 kB\nMemAvailable: 4000000 kB\nSwapFree: 1000 kB\n", "0::/pod/app\n",
+        {"cgroup.controllers": "memory", "pod/memory.max": "3000000000\n", "pod/memory.current": "1000000000\n",
+         "pod/memory.stat": "anon 1\ninactive_file 400000000\n", "pod/app/memory.max": "max\n",
+         "pod/app/memory.current": "5\n"})
+    limits = host_limits(proc, fs)
+    assert [limit.available for limit in limits] == [4001000 * 1024, 3000000000 - 600000000]
+    assert "pod" in limits[1].source
+    assert shortfall(2_400_000_000, limits) is None
+    assert shortfall(2_400_000_001, limits) == limits[1]
+
+
+def test_host_limits_read_cgroup_v1_and_skip_no_limit(tmp_path):
+    proc, fs = _machine(
+        tmp_path, "MemAvailable: 4000000 kB\n", "4:memory:/job\n3:cpu:/\n",
+        {"memory/memory.limit_in_bytes": "9223372036854771712\n", "memory/memory.usage_in_bytes": "9\n",
+         "memory/job/memory.limit_in_bytes": "2000000000\n", "memory/job/memory.usage_in_bytes": "1500000000\n",
+         "memory/job/memory.stat": "inactive_file 7\ntotal_inactive_file 500000000\n"})
+    assert [limit.available for limit in host_limits(proc, fs)] == [4000000 * 1024, 1000000000]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert host_limits(str(empty), str(empty)) == []  # nothing readable: nothing refused
+
+
+def test_the_check_covers_host_arenas_only():
+    tight = [HostLimit("MemAvailable + SwapFree", 1 << 20)]
+    config = Config()
+    config.apply_args(["--maxmemory", "2mb"])
+    with pytest.raises(StartupError, match=r"maxmemory 2.00M \(2097152 bytes, arena shm\) is more than this "
+                                           r"host can give: 1.00M \(MemAvailable \+ SwapFree\)"):
+        check_host_memory(config, limits=tight)
+    config.apply_args(["--maxmemory", "1mb"])
+    check_host_memory(config, limits=tight)  # exactly what there is
+    config.apply_args(["--maxmemory", "2mb", "--arena", "cuda"])
+    check_host_memory(config, limits=tight)  # the GPU's memory, not the host's
+
+
+def test_a_failed_startup_closes_what_it_opened(tmp_path):
+    """The metrics port is the last thing opened: failing there unwinds every step before it
+    (the unix socket file and the pidfile are removed, the port is free again)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        metrics_port = taken.getsockname()[1]
+        port = free_port()
+        sock, pidfile = tmp_path / "pfx.sock", tmp_path / "pfx.pid"
+        result = run_daemon("--port", str(port), "--unixsocket", str(sock), "--pidfile", str(pidfile),
+                            "--metrics-port", str(metrics_port), "--arena", "memory")
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out
+    assert "Cannot open the metrics endpoint" in out and "Traceback" not in out
+    assert not sock.exists() and not pidfile.exists()
+    with socket.socket() as again:  # the daemon's listener was closed
+        again.bind(("127.0.0.1", port))
 
 
 def test_console_script_reports_bound_port(tmp_path):

@@ -109,3 +109,35 @@ def test_a_large_withdata_copy_lets_other_clients_in(fresh_daemon) -> None:
     finally:
         reader.close()
         other.close()
+
+
+def test_pfxcheck_of_a_large_arena_with_few_pages_lets_other_clients_in(fresh_daemon) -> None:
+    """The README tour's geometry: 8-byte blocks in the default 256 MB (33.5 million blocks), 10
+    pages cached. A check is as long as the arena, not as the pages: PINGs sent after PFXCHECK, each
+    after the last one's reply, are answered while PFXCHECK has not answered."""
+    daemon = fresh_daemon("--page-size", "4", "--block-bytes", "8")
+    loader = redis.Redis(port=daemon.port, protocol=3)
+    for page in range(10):
+        loader.execute_command("PFXSET", "tour", "TOKENS", *range(4 * page + 1, 4 * page + 5), "DATA", b"k" * 8)
+    info = loader.execute_command("PFXINFO")
+    assert (info[b"stats"][b"pages"], info[b"stats"][b"blocks_total"]) == (10, 256 * 1024**2 // 8)
+    loader.close()
+    checker, other = Raw(daemon.port), Raw(daemon.port)
+    try:
+        checker.send("PFXCHECK")
+        for _ in range(3):  # the first PING may be read before PFXCHECK; the later ones are not
+            assert other.call("PING") == b"+PONG\r\n"
+            assert not _answered(checker)
+        assert checker.read() == b"+OK\r\n"
+    finally:
+        checker.close()
+        other.close()
+
+
+def test_the_check_finds_a_block_in_use_that_nothing_references() -> None:
+    """The pass over the block states (no Python step per block) still sees every block."""
+    store = PrefixStore(MemoryArena(8, 1 << 20), page_size=1, shards=1)
+    store.insert(b"a", np.arange(1, 4, dtype="<u4").tobytes(), data=b"x" * 24)
+    assert store.check() == []
+    store._alloc._state[(1 << 20) - 1] = 1  # TREE, owned by no page
+    assert f"block {(1 << 20) - 1} is tree but nothing references it" in store.check()

@@ -165,7 +165,7 @@ def test_sizes_round_up_to_whole_memory_pages(fresh_daemon):
 # -- the store alone: every operation keeps every invariant, partitions included ------------------------
 
 
-@pytest.mark.parametrize("policy", ["guard", "lru", "lfu", "hybrid", "ghost", "reuse"])
+@pytest.mark.parametrize("policy", ["guard", "lru", "lfu", "hybrid", "tempo"])
 def test_random_operations_keep_partitions_consistent_and_apart(policy):
     store = PrefixStore(MemoryArena(64, 40), page_size=2, shards=2, policy=policy,
                         partitions=[(b"a:*", 8), (b"b:*", 8)])

@@ -1,4 +1,5 @@
-"""The ghost eviction policy (daemon/store/policies.py): ordering on hand-made cases, and safety via the store."""
+"""The eviction policy interface (daemon/store/policy.py), what is shipped and what is research; then the research
+ghost policy (research.policies.ghost): ordering on hand-made cases, and safety via the store."""
 
 from __future__ import annotations
 
@@ -9,9 +10,17 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pfxcache.daemon.store import MemoryArena, OutOfMemory, PrefixStore
-from pfxcache.daemon.store.policies import BIMODAL_SHARE, GhostPolicy
-from pfxcache.daemon.store.registry import POLICIES
+import importlib.util
+
+from pfxcache.daemon.config.directives import DIRECTIVES
+from pfxcache.daemon.store import MemoryArena, Node, OutOfMemory, PrefixStore
+from pfxcache.daemon.store.guard import GuardState
+from pfxcache.daemon.store.policy import EvictionOrder, Policy, RequestObserver
+from pfxcache.daemon.store.registry import POLICIES, SHIPPED
+
+from policy_support import chatty_trace, research_policies
+from research.policies.ghost import BIMODAL_SHARE, GhostPolicy
+from test_replay import B, replay
 
 NS = b"t"
 PAGE = 4  # tokens per page in these tests
@@ -48,6 +57,71 @@ def force_thrash(store: PrefixStore, value: float) -> None:
     store._index.all.thrash = value
     for index in store._index.scopes.values():
         index.thrash = value
+
+
+# -- the interface ----------------------------------------------------------------------------------
+
+
+def _members(protocol) -> set[str]:
+    return {name for name in (*vars(protocol), *protocol.__annotations__) if not name.startswith("_")}
+
+
+def test_the_shipped_choices_and_the_config_are_the_registry():
+    assert SHIPPED == ("lru", "lfu", "hybrid", "tempo", "guard")
+    row = next(d for d in DIRECTIVES if d.name == "maxmemory-policy")
+    assert row.kind.choices == (*SHIPPED, "noeviction") and row.default == "guard"
+    assert all(POLICIES[name].summary in row.doc for name in SHIPPED)
+    for name in research_policies.RESEARCH:  # selectable in a research run's process, never by the daemon
+        assert name in POLICIES and name not in row.kind.choices
+    for module in ("odds", "ghosts_policy", "ghost"):  # the research policies are not in the package
+        assert importlib.util.find_spec(f"pfxcache.daemon.store.{module}") is None
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_has_every_member_of_the_interface(name):
+    policy = POLICIES[name]
+    assert policy.name == name and policy.summary
+    assert issubclass(policy, Policy)
+    instance = policy.for_store(64, 4 * PAGE)
+    for member in _members(EvictionOrder) | _members(RequestObserver):
+        assert hasattr(instance, member), (name, member)
+    assert instance.for_scope().live == 0 and instance.peek(0.0) is None and instance.describe() is not None
+    assert isinstance(instance.memory_bytes(0, 0), int)
+
+
+def test_a_node_has_one_slot_for_every_policy():
+    assert "policy_data" in Node.__slots__
+    assert not {"tempo", "odds", "lhd", "sample_hashes", "reuse"} & set(Node.__slots__)
+
+
+def _states(store: PrefixStore) -> list:
+    return [node.policy_data for rec in store._ns.values() for tree in rec.trees.values()
+            for node in tree.subtree(tree.root)]
+
+
+def test_a_switch_gives_the_new_policy_nodes_without_the_old_ones_state():
+    """Every node, inner ones and roots included, starts afresh: the guard's composite on all, tempo's tuples
+    only on what it has pushed since, nothing under lru."""
+    trace = replay.Trace("chatty", chatty_trace(requests=300).requests, B)
+    tick = iter(range(1, 1 << 30))
+    store = PrefixStore(MemoryArena(1, 64), page_size=B, shards=2, policy="guard",
+                        clock=lambda: float(next(tick)), lease_ttl_ms=0)
+    replay.replay_requests(store, trace, B, 64)
+    states = _states(store)
+    assert len(states) > 20 and all(isinstance(s, GuardState) for s in states)
+    assert any(s.tempo is not None for s in states) and any(s.reuse is not None for s in states)
+    store.set_policy("tempo")
+    assert not any(isinstance(s, GuardState) for s in _states(store))
+    assert any(isinstance(s, tuple) for s in _states(store)) and store.check() == []
+    store.set_policy("lru")
+    assert all(s is None for s in _states(store))
+    store.set_policy("guard")
+    assert all(isinstance(s, GuardState) for s in _states(store))
+    inner = [node for rec in store._ns.values() for tree in rec.trees.values() for node in tree.subtree(tree.root)
+             if not node.evictable]  # not pushed since the switch: nothing of the experts' yet
+    assert inner and all(node.policy_data.tempo is None and node.policy_data.lhd is None for node in inner)
+    replay.replay_requests(store, trace, B, 64)
+    assert store.check() == []
 
 
 def test_registered_and_selectable():

@@ -8,13 +8,15 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 import redis
 from pfxcache.daemon.store import MemoryArena, PrefixStore
 from pfxcache.daemon.store.miniatures import _mix, _unmix
 from pfxcache.testing import start_daemon
-from pfxcache.tools import policy_memory
 from pfxcache.tools.replay import replay_requests
 
+import research_support  # noqa: F401 - scripts/ on sys.path: the research package
+from research import policy_memory
 from test_replay import B
 from policy_support import chatty_trace
 
@@ -42,9 +44,10 @@ def test_cached_identities_are_the_path_hashes():
     for rec in store._ns.values():
         for tree in rec.trees.values():
             for node in tree.subtree(tree.root):
-                if node.sample_hashes is None or node.parent is None:
+                samples = getattr(node.policy_data, "samples", None)  # the guard's GuardState
+                if samples is None or node.parent is None:
                     continue
-                assert node.sample_hashes.ndim == 1 and len(node.sample_hashes) == len(node.blocks)
+                assert samples.ndim == 1 and len(samples) == len(node.blocks)
                 path = []
                 up = node
                 while up.parent is not None:
@@ -67,8 +70,7 @@ def test_evicted_nodes_keep_no_pages():
     assert evicted
     for node in evicted:
         assert node.key == b"" and not node.blocks
-        assert node.sample_hashes is None and node.page_hashes is None
-        assert node.policy_data is None and node.tempo is None
+        assert node.policy_data is None and node.page_hashes is None  # its state, sampling hashes included
 
 
 def test_guard_orders_share_one_number_per_push():
@@ -134,3 +136,16 @@ def test_a_smaller_sample_holds_fewer_miniature_pages(monkeypatch, capsys):
         pages[n] = json.loads(capsys.readouterr().out)[1]["miniature_pages"]
     assert 5 * 16 < pages[None] <= 5 * 200 and 0 < pages[16] <= 5 * 16
     assert guard.SAMPLE_PAGES == 4096
+
+
+def test_policy_cost_measures_a_daemon_policy_and_refuses_a_research_one_there(capsys):
+    """research.policy_cost: the hot PFXGET loop runs against a daemon (a full hit each time); a research policy,
+    which no daemon offers, is refused for it unless only the in-process trace is asked for (--rounds 0)."""
+    from research import policy_cost
+
+    rate, cpu_us = policy_cost.hot_pfxget("lru", 0.2)
+    assert rate > 0 and cpu_us > 0
+    with pytest.raises(SystemExit):
+        policy_cost.main(["--policies", "lru,ghost", "--rounds", "1", "--capacities", ""])
+    assert "a daemon does not offer ghost" in capsys.readouterr().err
+    assert policy_cost.main(["--policies", "lru,ghost", "--rounds", "0", "--capacities", ""]) == 0

@@ -23,13 +23,13 @@ import uuid
 import hiredis
 
 from pfxcache.daemon.config.engine import DIRECTIVES
-from pfxcache.daemon.store.registry import POLICIES
+from pfxcache.daemon.store.registry import SHIPPED
 import numpy as np
 import pytest
 import redis
 from pfxcache.daemon.store import MemoryArena, PrefixStore
 from pfxcache.testing import encode_command, start_daemon
-from support import wait_for
+from support import RawClient, wait_for
 
 PS = 4  # tokens per page in most daemons here
 BB = 1024  # bytes per block in most daemons here
@@ -557,7 +557,7 @@ def test_policy_config_set_values_and_errors(small, redis_server):
         assert str(ref).startswith(head)
         # The choices are the policy registry's, in the config row's order, and noeviction.
         choices = next(d for d in DIRECTIVES if d.name == "maxmemory-policy").kind.choices
-        assert set(choices) == set(POLICIES) | {"noeviction"}
+        assert set(choices) == set(SHIPPED) | {"noeviction"}
         assert str(mine) == head + ", ".join(choices)
     assert _key(pfxinfo(r)["policy"]) == "hybrid"
     ours.close(), theirs.close()
@@ -584,6 +584,20 @@ def test_info_pfxcache_section(small):
     assert everything["pfxcache_pages"] == 3 and everything["pfxcache_namespaces"] == 1
     assert "pfxcache_pages" not in r.info()  # not a default section
     r.close()
+
+
+def test_pfxinfo_hit_rate_is_the_shortest_double(small):
+    """4 of 5 tokens hit: hit_rate is written 0.8 (Redis's d2string), not %.17g's 0.80000000000000004."""
+    r = client(small)
+    put(r, "rate", page_tokens(1, 1), pattern(BB, 1))
+    get(r, "rate", page_tokens(1, 1, tail=1), "NOLEASE")
+    r.close()
+    with RawClient(small.address) as conn:
+        for command in (("PFXINFO",), ("PFXINFO", "rate")):
+            assert b"$8\r\nhit_rate\r\n$3\r\n0.8\r\n" in conn.call_raw(*command), command
+        assert conn.call_raw("HELLO", "3").startswith(b"%")
+        for command in (("PFXINFO",), ("PFXINFO", "rate")):
+            assert b"$8\r\nhit_rate\r\n,0.8\r\n" in conn.call_raw(*command), command
 
 
 # -- 6. namespaces ---------------------------------------------------------------------------------------
@@ -644,6 +658,14 @@ ARITY = "wrong number of arguments for '{}' command"
 BAD_INPUT = [
     # name, argv, code, fragment of the reason
     ("token-not-integer", ["PFXGET", "bad", "TOKENS", "1", "2", "abc"], "ERR", "'abc'"),
+    # A TOKENS list runs to the command's next option: words in it are bad token ids, not unknown options.
+    ("tokens-all-words", ["PFXGET", "bad", "TOKENS", "a", "b", "c"], "ERR",
+     "token id 'a' is not an unsigned 32-bit integer"),
+    ("tokens-word-before-option", ["PFXGET", "bad", "TOKENS", "1", "two", "NOLEASE"], "ERR", "token id 'two'"),
+    ("set-tokens-word", ["PFXSET", "bad", "TOKENS", "1", "2", "x", "4", "DATA", b"x" * BB], "ERR", "token id 'x'"),
+    ("evict-tokens-word", ["PFXEVICT", "bad", "TOKENS", "a"], "ERR", "token id 'a'"),
+    ("blocks-word", ["PFXSET", "bad", "TOKENS", "70", "71", "72", "73", "BLOCKS", "abc"], "ERR",
+     "block id must be an integer, got 'abc'"),
     ("token-float", ["PFXGET", "bad", "TOKENS", "1.5"], "ERR", "'1.5'"),
     ("token-2**32", ["PFXGET", "bad", "TOKENS", "1", "4294967296"], "ERR", "'4294967296' is not an unsigned 32-bit"),
     ("token-negative", ["PFXGET", "bad", "TOKENS", "-1"], "ERR", "'-1' is not an unsigned 32-bit"),

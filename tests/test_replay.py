@@ -11,6 +11,8 @@ import pytest
 
 from pfxcache.tools import replay
 
+from research_support import research_policies
+
 B = 16  # tokens per block/page in these tests: small and fast
 
 
@@ -92,17 +94,18 @@ def test_tokens_format(tmp_path):
 
 def test_belady_bounds_every_policy(small_trace):
     chains = replay.page_chains(small_trace, B)
-    for cap in (20, 60, 200):
-        bound = replay.belady(small_trace, chains, cap, B, quiet=True)["hit_rate"]
-        for policy in ("lru", "lfu", "hybrid", "ghost", "reuse"):
-            assert replay.replay_store(small_trace, policy, cap, B, quiet=True)["hit_rate"] <= bound + 1e-12
+    with research_policies() as every:  # the shipped ones and the research's
+        for cap in (20, 60, 200):
+            bound = replay.belady(small_trace, chains, cap, B, quiet=True)["hit_rate"]
+            for policy in every:
+                assert replay.replay_store(small_trace, policy, cap, B, quiet=True)["hit_rate"] <= bound + 1e-12
     unlimited = replay.belady(small_trace, chains, replay.UNLIMITED, B, quiet=True)["hit_rate"]
     assert unlimited == replay.replay_store(small_trace, "lru", replay.UNLIMITED, B, quiet=True)["hit_rate"]
 
 
 def test_store_and_daemon_modes_agree(small_trace):
     runner = replay.DaemonRunner(None, 16)
-    for policy in ("lru", "ghost", "reuse"):
+    for policy in ("lru", "lfu", "guard"):
         store = replay.replay_store(small_trace, policy, 64, B, quiet=True)
         daemon = runner.run(small_trace, policy, 64, B, 16, quiet=True)
         assert store["hit_tokens"] == daemon["hit_tokens"], policy
@@ -123,12 +126,12 @@ def test_json_output(tmp_path):
     save = tmp_path / "gen.jsonl"
     with contextlib.redirect_stdout(out):
         code = replay.main(["--generate", "sessions", "--sessions", "15", "--block-tokens", str(B), "--json",
-                            "--no-plot", "--quiet", "--capacities", "30,unlimited", "--policies", "lru,ghost",
+                            "--no-plot", "--quiet", "--capacities", "30,unlimited", "--policies", "lru,lfu",
                             "--save", str(save)])
     assert code == 0
     doc = json.loads(out.getvalue())
-    assert doc["policies"] == ["lru", "ghost"] and doc["capacities"] == ["30", "unlimited"]
-    for name in ("lru", "ghost", "belady"):
+    assert doc["policies"] == ["lru", "lfu"] and doc["capacities"] == ["30", "unlimited"]
+    for name in ("lru", "lfu", "belady"):
         for cap in ("30", "unlimited"):
             row = doc["results"][name][cap]
             assert 0 <= row["hit_rate"] <= 1 and row["input_tokens"] == doc["input_tokens"]
@@ -169,3 +172,81 @@ def test_more_requests_in_flight_than_the_arena_has_pages_still_replay():
     assert replay.in_flight_count(10, 16) == 9 and replay.in_flight_pages(10, 16) == 1
     got = replay.replay_store(trace, "lru", 10, B, quiet=True, in_flight=16)
     assert got["hit_tokens"] > 0
+
+
+# -- --mode daemon --url: a daemon someone runs is checked first and left as it was -------------------------
+
+
+@pytest.fixture
+def running_daemon():
+    """A pfxcached of 32-token pages under lfu, holding one prompt in replay's namespace."""
+    import redis
+
+    from pfxcache.client import PrefixCache
+    from pfxcache.testing import start_daemon
+
+    daemon = start_daemon("--arena", "memory", "--maxmemory", "64kb", "--block-bytes", "16", "--page-size", "32",
+                          "--maxmemory-policy", "lfu", "--save", "", "--loglevel", "warning")
+    url = f"redis://{daemon.host}:{daemon.port}/0"
+    with PrefixCache.from_url(url, attach=False) as cache:
+        cache.store(replay.DEFAULT_NS, np.arange(64, dtype=np.uint32), bytes(2 * 16))
+    client = redis.Redis(host=daemon.host, port=daemon.port)
+    try:
+        yield url, client
+    finally:
+        client.close()
+        daemon.stop()
+
+
+def _held_and_policy(url, client):
+    from pfxcache.client import PrefixCache
+
+    with PrefixCache.from_url(url, attach=False) as cache:
+        held = cache.lookup(replay.DEFAULT_NS, np.arange(64, dtype=np.uint32), lease=False).matched_tokens
+    return held, client.config_get("maxmemory-policy")["maxmemory-policy"]
+
+
+def test_a_daemon_of_another_page_size_is_refused_and_left_unchanged(running_daemon, tmp_path, capsys):
+    url, client = running_daemon
+    assert _held_and_policy(url, client) == (64, "lfu")
+    code = replay.main(["--generate", "sessions", "--sessions", "10", "--block-tokens", str(B), "--mode", "daemon",
+                        "--url", url, "--policies", "lru,guard", "--no-plot", "--quiet", "--no-belady"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "pages of 32 tokens, this replay needs 16" in err and "--page-size 32" in err
+    assert "Traceback" not in err
+    assert _held_and_policy(url, client) == (64, "lfu")  # the namespace still holds its prompt, lfu still rules
+
+
+def test_a_replay_against_a_daemon_sets_its_policy_back_however_it_ends(running_daemon, monkeypatch, capsys):
+    url, client = running_daemon
+    argv = ["--generate", "sessions", "--sessions", "10", "--block-tokens", "32", "--mode", "daemon", "--url", url,
+            "--policies", "lru,guard", "--no-plot", "--quiet", "--no-belady", "--json"]
+    assert replay.main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["results"]["guard"][next(iter(doc["results"]["guard"]))]["hit_rate"] > 0
+    assert client.config_get("maxmemory-policy")["maxmemory-policy"] == "lfu"
+
+    real = replay.whole_pages
+    calls = []
+
+    def fails_midway(*args):
+        calls.append(1)
+        if len(calls) > 5:
+            raise RuntimeError("interrupted mid-replay")
+        return real(*args)
+
+    monkeypatch.setattr(replay, "whole_pages", fails_midway)
+    with pytest.raises(RuntimeError, match="interrupted mid-replay"):
+        replay.main(argv)
+    assert client.config_get("maxmemory-policy")["maxmemory-policy"] == "lfu"
+    assert client.execute_command("PFXINFO")  # and the daemon answers as before
+
+
+def test_an_unreachable_daemon_is_a_clear_error(capsys):
+    from pfxcache.testing import free_port
+
+    code = replay.main(["--generate", "sessions", "--sessions", "5", "--block-tokens", str(B), "--mode", "daemon",
+                        "--url", f"redis://127.0.0.1:{free_port()}/0", "--no-plot", "--quiet", "--no-belady"])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot ask the daemon" in err and "Traceback" not in err

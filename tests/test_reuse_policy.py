@@ -130,22 +130,24 @@ def test_never_evicts_pinned_pages_and_stays_consistent(seed):
 
 
 def test_store_and_daemon_modes_agree(chatty):
+    """Through the daemon reuse runs as the guard's expert (not a maxmemory-policy of its own)."""
     trace = replay.Trace("chatty", chatty.requests[:1200], B)
     runner = replay.DaemonRunner(None, 16)
-    store = replay.replay_store(trace, "reuse", 64, B, quiet=True)
-    daemon = runner.run(trace, "reuse", 64, B, 16, quiet=True)
+    store = replay.replay_store(trace, "guard", 64, B, quiet=True)
+    daemon = runner.run(trace, "guard", 64, B, 16, quiet=True)
     assert store["hit_tokens"] == daemon["hit_tokens"]
     assert store["hit_tokens"] > replay.replay_store(trace, "lru", 64, B, quiet=True)["hit_tokens"]
 
 
 def test_info_and_pfxinfo_show_what_it_learned(fresh_daemon, chatty):
     d = fresh_daemon("--arena", "memory", "--maxmemory", str(64 * 16), "--block-bytes", "16", "--page-size", str(B),
-                     "--maxmemory-policy", "reuse", "--evict-low-watermark", "0")
+                     "--maxmemory-policy", "guard", "--evict-low-watermark", "0")
     r = redis.Redis(*d.address, protocol=3, decode_responses=True)
     before = r.info("pfxcache")
     assert before["pfxcache_reuse_boosted_classes"] == 0 and before["pfxcache_reuse_median_gap_ticks"] == 0
     runner = replay.DaemonRunner(f"redis://{d.host}:{d.port}", 16)
-    runner.run(replay.Trace("chatty", chatty.requests[:1200], B), "reuse", 64, B, 16, quiet=True)
+    runner.check(B)  # (a run against a daemon of the replay's page size only)
+    runner.run(replay.Trace("chatty", chatty.requests[:1200], B), "guard", 64, B, 16, quiet=True)
     after = r.info("pfxcache")
     assert after["pfxcache_reuse_boosted_classes"] > 0 and after["pfxcache_reuse_max_boost_ticks"] > 0
     assert after["pfxcache_reuse_median_gap_ticks"] > 0 and after["pfxcache_reuse_ghost_entries"] > 0
@@ -207,12 +209,13 @@ def test_flushall_forgets_what_was_learned(chatty):
 
 def test_replaying_twice_on_one_daemon_gives_the_same_figures(fresh_daemon, chatty):
     d = fresh_daemon("--arena", "memory", "--maxmemory", str(64 * 16), "--block-bytes", "16", "--page-size", str(B),
-                     "--maxmemory-policy", "reuse", "--evict-low-watermark", "0")
+                     "--maxmemory-policy", "guard", "--evict-low-watermark", "0")
     trace = replay.Trace("chatty", chatty.requests[:800], B)
     runner = replay.DaemonRunner(f"redis://{d.host}:{d.port}", 16)
-    first = runner.run(trace, "reuse", 64, B, 16, quiet=True)["hit_tokens"]
-    second = runner.run(trace, "reuse", 64, B, 16, quiet=True)["hit_tokens"]
-    assert first == second == replay.replay_store(trace, "reuse", 64, B, quiet=True)["hit_tokens"]
+    runner.check(B)  # (a run against a daemon of the replay's page size only)
+    first = runner.run(trace, "guard", 64, B, 16, quiet=True)["hit_tokens"]
+    second = runner.run(trace, "guard", 64, B, 16, quiet=True)["hit_tokens"]
+    assert first == second == replay.replay_store(trace, "guard", 64, B, quiet=True)["hit_tokens"]
 
 
 def test_switching_to_it_with_history_it_never_saw():

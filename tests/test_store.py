@@ -482,6 +482,48 @@ SEQS = st.lists(PAGE_VALUES, min_size=0, max_size=5)
 OFFSETS = st.one_of(st.none(), st.just(0), st.integers(0, 5))  # None: the cached length (a valid offset)
 
 
+def test_the_store_is_parts_that_do_not_reach_back():
+    # PrefixStore is composed of parts (leases, inserts, namespaces, evictor, quotas, ...), each
+    # given what it needs when it is made: none holds the store, so none reaches into its state.
+    store, _ = make(partitions=[(b"t:*", 8)])
+    assert PrefixStore.__bases__ == (object,)  # no mixins
+    parts = {type(value).__name__: value for value in vars(store).values()
+             if type(value).__module__.startswith("pfxcache.daemon.store.")
+             and type(value).__module__ != "pfxcache.daemon.store.store"}
+    assert {"ArenaPartitions", "Namespaces", "Evictor", "Leases", "NamespaceKeys", "TenantQuotas", "Lookups",
+            "Inserts", "StoreFigures", "PlansInFlight", "Listeners"} <= set(parts)
+    for kind, part in parts.items():
+        fields = vars(part) if hasattr(part, "__dict__") else {slot: getattr(part, slot) for slot in part.__slots__}
+        for field, value in fields.items():
+            assert value is not store and getattr(value, "__self__", None) is not store, (kind, field)
+
+
+def test_settings_changed_on_the_store_reach_its_parts():
+    # The daemon sets these on the store at run time (CONFIG SET, WATCH); each lives in one part.
+    store, clock = make(nblocks=8)
+    tokens = seq(1, 2)
+    put(store, b"a", tokens)
+    store.lease_ttl_ms = 0  # lease-ttl 0: leases without a deadline
+    lease = store.match(b"a", tokens).lease_id
+    assert store.next_expiry() == float("inf")
+    store.max_leases_per_owner = 1  # client-lease-limit
+    with pytest.raises(BadRequest, match="client-lease-limit"):
+        store.match(b"a", tokens)
+    assert store.release(lease, 0) == 1
+    touched = []
+    store.touched = touched.append  # WATCH
+    put(store, b"b", seq(3))
+    assert touched == [b"b"]
+    store.touched = None
+    store.evicting = False  # maxmemory-policy noeviction: a full arena refuses instead of evicting
+    put(store, b"c", seq(4, 5, 6, 7, 8))
+    with pytest.raises(OutOfMemory, match="noeviction"):
+        put(store, b"d", seq(9))
+    store.evicting = True
+    put(store, b"d", seq(9))
+    assert store.stats()["evictions_pressure"] == 1 and store.check() == []
+
+
 class StoreMachine(RuleBasedStateMachine):
     """Random operations against a plain model.
 

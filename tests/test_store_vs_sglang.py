@@ -42,3 +42,16 @@ def test_a_disagreement_is_caught(sglang, monkeypatch):
     with pytest.raises(RuntimeError, match="match lengths differ"):
         store_vs_sglang.compare(sglang, page_size=16, tokens=2048, prompt_tokens=128, new_pages=2, repeat=1,
                                 min_time=1e-6, seed=3)
+
+
+def test_a_missing_peer_names_the_setup_that_installs_it(tmp_path, monkeypatch):
+    """The peers are installed by scripts/setup (sglang, mooncake), never by the modules: absent, they say so."""
+    from pfxcache.tools import mooncake_peer
+
+    monkeypatch.setattr(sglang_peer, "peer_dir", lambda: tmp_path / "sglang")
+    with pytest.raises(sglang_peer.PeerUnavailable, match="run scripts/setup sglang"):
+        sglang_peer.locate()
+    monkeypatch.setattr(mooncake_peer, "venv_dir", lambda: tmp_path / "mooncake-venv")
+    with pytest.raises(mooncake_peer.PeerUnavailable, match="run scripts/setup mooncake"):
+        mooncake_peer.locate()
+    assert not (tmp_path / "sglang").exists() and not (tmp_path / "mooncake-venv").exists()  # nothing fetched

@@ -14,7 +14,7 @@ import trio.testing
 from pfxcache.daemon.config.engine import Config
 from pfxcache.daemon.service.prefix import THREAD_COPY_THRESHOLD, PrefixService
 from pfxcache.daemon.service.rwlock import RWLock
-from pfxcache.daemon.server.server import build_command_table
+from pfxcache.daemon.server.assembly import build_command_table
 from pfxcache.daemon.store import pack_tokens
 
 PAGE = 16

@@ -175,7 +175,7 @@ def test_a_next_turn_that_leaves_a_dead_tail_behind_keeps_its_pace():
 
     def pace(talk: list[int]) -> float:
         node, _, child, _ = tree.walk(tokens(*talk), len(talk))
-        return (child or node).tempo[0]  # the leaf of its latest turn, dead tail and all
+        return (child or node).policy_data[0]  # the leaf of its latest turn, dead tail and all
 
     assert 5 * pace(fast) < pace(slow)  # (with every turn new content, both had the same pace)
     assert store.check() == []

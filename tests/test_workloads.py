@@ -1,4 +1,5 @@
-"""The eviction suite's workloads (pfxcache.tools.workloads) have the shapes they claim, and the suite runs."""
+"""The eviction suite's workloads (pfxcache.tools.workloads) have the shapes they claim, and the suite runs;
+the research's sets (scripts/research: stress, adversarial) extend it there, never in the package."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import itertools
 import json
 
 import pytest
-from pfxcache.tools import adversarial, replay, suite, workloads
+from pfxcache.tools import replay, suite, workloads
+
+import research_support  # noqa: F401 - scripts/ on sys.path: the research package
+from research import adversarial, stress
+from research import suite as research_suite
 
 
 def pages_per_request(trace):
@@ -95,7 +100,7 @@ def test_suite_judges_a_trace_of_yours_apart(tmp_path, capsys):
 
 def test_stress_phases_share_nothing_and_come_one_after_the_other():
     first, second = workloads.rag(3, requests=300, block_tokens=128), workloads.scans(4, requests=200, block_tokens=128)
-    trace = workloads.phases("rag-then-scans", first, second)
+    trace = stress.phases("rag-then-scans", first, second)
     assert len(trace.requests) == 500 and trace.block_tokens == 128
     ids_first = {h for r in trace.requests[:300] for h in r.hash_ids}
     ids_second = {h for r in trace.requests[300:] for h in r.hash_ids}
@@ -106,12 +111,12 @@ def test_stress_phases_share_nothing_and_come_one_after_the_other():
     assert min(ids_second) == max(ids_first) + 1 + min(h for r in second.requests for h in r.hash_ids)
     assert len({r.serial for r in trace.requests}) == 500
     with pytest.raises(ValueError, match="one block size"):
-        workloads.phases("mixed", first, workloads.scans(4, requests=50, block_tokens=256))
+        stress.phases("mixed", first, workloads.scans(4, requests=50, block_tokens=256))
 
 
 def test_stress_colocated_parts_interleave_without_sharing():
     parts = [workloads.chat(4, requests=300, block_tokens=128), workloads.scans(5, requests=100, block_tokens=128)]
-    trace = workloads.colocated("chat-and-scans", *parts)
+    trace = stress.colocated("chat-and-scans", *parts)
     assert len(trace.requests) == 400
     chat_ids = {h + 1 for r in parts[0].requests for h in r.hash_ids}  # the first part's ids move up by one
     kinds = ["chat" if r.hash_ids[0] in chat_ids else "scans" for r in trace.requests]
@@ -120,20 +125,20 @@ def test_stress_colocated_parts_interleave_without_sharing():
 
 def test_stress_repaged_trace_is_judged_in_its_pages(monkeypatch, capsys):
     small = workloads.sysprompts(2, requests=300, block_tokens=128)
-    monkeypatch.setattr(workloads, "STRESS", {"sysprompts-p32": lambda seed: workloads.repaged(small, 32)})
-    run = suite.run_workload("sysprompts-p32", ["lru"], [0.2])
+    monkeypatch.setattr(stress, "STRESS", {"sysprompts-p32": lambda seed: stress.repaged(small, 32)})
+    run = suite.run_workload("sysprompts-p32", ["lru"], [0.2], make=stress.STRESS["sysprompts-p32"])
     assert run["page_size"] == 32
     distinct = {size: len({p for c in replay.page_chains(small, size) for p in c}) for size in (32, 128)}
     assert run["distinct_pages"] == distinct[32] > 3 * distinct[128]  # a 128-token block is four pages
-    assert suite.main(["--half", "stress", "--policies", "lru,guard", "--fractions", "0.1", "--no-plot", "--quiet",
-                       "--json"]) == 0
+    assert research_suite.main(["--half", "stress", "--policies", "lru,guard", "--fractions", "0.1", "--no-plot",
+                                "--quiet", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert list(report["summary"]) == ["stress"] and report["runs"][0]["page_size"] == 32
 
 
 def test_stress_set_is_apart_from_the_suite():
-    assert set(workloads.STRESS).isdisjoint(workloads.SUITE)
-    assert len(workloads.STRESS) >= 20
+    assert set(stress.STRESS).isdisjoint(workloads.SUITE)
+    assert len(stress.STRESS) >= 20
 
 
 def test_suite_with_requests_in_flight_bounds_them_by_belady_of_the_cut_requests(monkeypatch, capsys):
@@ -191,12 +196,25 @@ def test_adversarial_sets_are_apart_fixed_and_each_judged_apart(capsys):
     sets = (adversarial.FIRST, adversarial.SECOND, adversarial.THIRD)
     assert all(set(a).isdisjoint(b) for a, b in itertools.combinations(sets, 2))
     assert set().union(*sets) == set(adversarial.ADVERSARIAL) and len(adversarial.ADVERSARIAL) == 20
-    assert set(adversarial.ADVERSARIAL).isdisjoint({*workloads.SUITE, *workloads.STRESS})
+    assert set(adversarial.ADVERSARIAL).isdisjoint({*workloads.SUITE, *stress.STRESS})
     a, b = adversarial.ADVERSARIAL["loop"](), adversarial.ADVERSARIAL["loop"](7)  # its seed is its own
     assert [r.hash_ids for r in a.requests] == [r.hash_ids for r in b.requests]
     first = a.requests[0].hash_ids  # 40 documents behind one prompt, each read again 40 requests later
     assert first == a.requests[40].hash_ids != a.requests[1].hash_ids and first[:4] == a.requests[1].hash_ids[:4]
-    assert suite.main(["--workloads", "loop,zipf-loop-mix,hot-shift-loop", "--policies", "lru", "--fractions", "0.2",
-                       "--no-plot", "--quiet", "--json"]) == 0
+    assert research_suite.main(["--workloads", "loop,zipf-loop-mix,hot-shift-loop", "--policies", "lru",
+                                "--fractions", "0.2", "--no-plot", "--quiet", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert list(report["summary"]) == ["adversarial, first set", "adversarial, second set", "adversarial, third set"]
+
+
+def test_the_product_suite_knows_none_of_the_research_sets(capsys):
+    """scripts/suite runs the suite's halves only; the stress and adversarial sets run from scripts/research."""
+    for argv in (["--half", "stress"], ["--half", "adversarial"], ["--workloads", "loop"], ["--workloads", "chat-p32"]):
+        with pytest.raises(SystemExit):
+            suite.main([*argv, "--no-plot", "--quiet"])
+    assert set(suite.halves()) == {"tuning", "held-out", "all"}
+    assert workloads.generator("loop") is None and workloads.generator("chat-p32") is None
+    research = research_suite.workloads.halves()
+    assert set(research) == {"tuning", "held-out", "all", "stress", "adversarial"}
+    assert [s.title for s in research["adversarial"]] == [
+        "adversarial, first set", "adversarial, second set", "adversarial, third set"]

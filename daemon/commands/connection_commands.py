@@ -6,16 +6,17 @@ are 7.2's); the differential tests compare them byte for byte.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pfxcache.protocol.redis_strings import string2ll
-from pfxcache.protocol.replies import OK, PONG, Error, SimpleString, Verbatim
+from pfxcache.protocol.replies import OK, PONG, Error, SimpleString, Verbatim, quoted
 
-from pfxcache.daemon.server.clients import MUTE_OFF, Client
-from pfxcache.daemon.commands.dispatch import log_denial
-from pfxcache.daemon.server.gate import PAUSE_ALL, PAUSE_WRITE
+from pfxcache.daemon.commands.calls import log_denial
 from . import handles
-from .context import NO_REPLY, Context
+from .context import MUTE_OFF, NO_REPLY, PAUSE_ALL, PAUSE_WRITE, Context
+
+if TYPE_CHECKING:  # a type only: handlers see the server layer through their Context
+    from pfxcache.daemon.server.clients import Client
 
 SYNTAX_ERROR = Error("ERR syntax error")
 NOT_AN_INTEGER = Error("ERR value is not an integer or out of range")
@@ -93,7 +94,7 @@ def hello(ctx: Context, argv: list[bytes]) -> Any:
             client.name = argv[position + 1].decode()
             position += 2
         else:
-            return Error(f"ERR Syntax error in HELLO option '{argv[position].decode('utf-8', 'replace')}'")
+            return Error(f"ERR Syntax error in HELLO option '{quoted(argv[position])}'")
     if not client.authenticated and ctx.server.auth_required:
         return Error(
             "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO AUTH "
@@ -254,7 +255,7 @@ def client_list(ctx: Context, argv: list[bytes]) -> Any:
         if option == b"type" and position + 1 < len(argv):
             matches = _client_type_matches(argv[position + 1])
             if matches is None:
-                return Error(f"ERR Unknown client type '{argv[position + 1].decode('utf-8', 'replace')}'")
+                return Error(f"ERR Unknown client type '{quoted(argv[position + 1])}'")
             clients = [client for client in clients if matches(client)]
             position += 2
         elif option == b"id" and position + 1 < len(argv):
@@ -293,7 +294,7 @@ def client_kill(ctx: Context, argv: list[bytes]) -> Any:
     skip_me = True
     for position in range(2, len(argv), 2):
         option, raw = argv[position].lower(), argv[position + 1]
-        value = raw.decode("utf-8", "replace")
+        value = quoted(raw)
         if option == b"id":
             client_id = parse_integer(raw)
             if client_id is None or client_id <= 0:

@@ -28,7 +28,14 @@ if TYPE_CHECKING:  # types only: nothing here is needed at import time
     from pfxcache.daemon.commands.transactions import WatchRegistry
     from .table import CommandTable
 
-__all__ = ["LATER", "NO_REPLY", "Context", "Later", "Muted", "NoReply", "ServerState"]
+__all__ = ["LATER", "MUTE_OFF", "NO_REPLY", "PAUSE_ALL", "PAUSE_WRITE", "Context", "Later", "Muted", "NoReply",
+           "ServerState"]
+
+#: ``client.mute`` under CLIENT REPLY OFF (0: replies are written; n > 0: SKIP, the next n are not).
+MUTE_OFF = -1
+#: The kinds of CLIENT PAUSE, as ``ctx.server.gate`` holds them: writes only, or every command.
+PAUSE_WRITE = "write"
+PAUSE_ALL = "all"
 
 
 class NoReply:
@@ -72,7 +79,7 @@ class ServerState(Protocol):
     watches: WatchRegistry
     observers: CommandObservers
     acl: AclUsers
-    #: The prefix store service; set before the first client connects.
+    #: The prefix store service (built before the server, see server/assembly.py).
     prefix: PrefixService
     memory: ProcessMemory
     #: Redis pub/sub channels and patterns; KV events (ZMQ publisher, pub/sub channels).

@@ -1,9 +1,10 @@
-"""From a parsed request to a reply: lookup, access checks, the call, its stats.
+"""From a parsed request to a reply: lookup, access checks, then the call.
 
 Everything here derives from the command table: the row found for ``argv``
 decides the arity error, whether the command may run before AUTH, and which
-handler runs. Handlers that raise never take the daemon down: the client gets
-an ``-ERR`` and the traceback goes to the log.
+handler runs. The call itself and its accounting are in :mod:`.calls`, below
+both dispatch and the handlers (EXEC runs its queue through them): handlers
+never import dispatch, dispatch reaches them only through the table's rows.
 
 Two things can stand between the checks and the call, in Redis's order: the
 gate (``gate.py``: CLIENT PAUSE, an EXEC running alone), where a command waits,
@@ -13,26 +14,20 @@ command refused by the checks inside MULTI flags the transaction (EXECABORT).
 
 from __future__ import annotations
 
-import logging
-import time
-from bisect import bisect_left
 from typing import Any
 
 from pfxcache.protocol.replies import Error, SimpleString
 
+from pfxcache.daemon.commands.calls import account, call_async, internal_error, log_denial, now, record_error
 from pfxcache.daemon.commands.context import LATER, Context
 from pfxcache.daemon.commands.spec import CommandSpec
-from pfxcache.daemon.observability.stats import LATENCY_BOUNDS_USEC, Stats
 from pfxcache.daemon.service.pubsub import SUBSCRIBED_COMMANDS, subscribed_error
 from pfxcache.daemon.commands.transactions import NOT_QUEUED, QUEUED_TEXT
-
-log = logging.getLogger("pfxcached")
 
 NOAUTH = Error("NOAUTH Authentication required.")
 NOT_IN_MULTI = Error("ERR Command not allowed inside a transaction")
 REPLICA_KEYSPACE = Error("ERR Replica can't interact with the keyspace")
 QUEUED = SimpleString(QUEUED_TEXT)
-_now = time.perf_counter_ns
 
 
 class Pending:
@@ -56,13 +51,6 @@ def writes(spec: CommandSpec) -> bool:
     return "write" in spec.flags or "may_replicate" in spec.flags
 
 
-def log_denial(ctx: Context, reason: str, obj: str, username: str | None = None) -> None:
-    """An ACL LOG entry for a refusal (``reason``: command, key or auth) of this client."""
-    client = ctx.client
-    ctx.server.observers.acl_log.add(reason, "multi" if client.multi is not None else "toplevel", obj,
-                                     client.user if username is None else username, client.describe().rstrip())
-
-
 def _reject(ctx: Context, argv: list[bytes], reply: Error) -> Error:
     """A command refused before it ran: inside MULTI it flags the transaction, and a refused
     EXEC discards it (Redis's rejectCommand)."""
@@ -77,10 +65,6 @@ def _reject(ctx: Context, argv: list[bytes], reply: Error) -> Error:
     return reply
 
 
-def _record_error(stats: Stats, reply: Error) -> None:
-    stats.error(reply.message.split(" ", 1)[0])
-
-
 def execute(ctx: Context, argv: list[bytes]) -> Any:
     """Run ``argv`` and return its reply, or a :class:`Pending` for an async handler."""
     server = ctx.server
@@ -92,12 +76,12 @@ def execute(ctx: Context, argv: list[bytes]) -> Any:
         if known is not None and not known.arity_ok(len(argv)):
             stats.command(known.fullname).rejected_calls += 1
         spec = _reject(ctx, argv, spec)
-        _record_error(stats, spec)
+        record_error(stats, spec)
         return spec
     client = ctx.client
     if not client.authenticated and server.auth_required and "no_auth" not in spec.flags:
         stats.command(spec.fullname).rejected_calls += 1
-        _record_error(stats, NOAUTH)
+        record_error(stats, NOAUTH)
         return _reject(ctx, argv, NOAUTH)
     if server.acl.restricted:
         denied = server.acl.check(client.user, spec, argv)
@@ -106,19 +90,19 @@ def execute(ctx: Context, argv: list[bytes]) -> Any:
             log_denial(ctx, *server.acl.denial(client.user, spec, argv))
             stats.command(spec.fullname).rejected_calls += 1
             reply = _reject(ctx, argv, Error(denied))
-            _record_error(stats, reply)
+            record_error(stats, reply)
             return reply
     if client.pubsub is not None and client.resp == 2 and client.subscribed \
             and spec.fullname not in SUBSCRIBED_COMMANDS:
         reply = _reject(ctx, argv, Error(subscribed_error(spec.fullname)))
-        _record_error(stats, reply)
+        record_error(stats, reply)
         return reply
     client.last_command = spec.fullname
     if client.multi is not None or server.gate.closed or client.monitoring:
         special = _gate_or_queue(ctx, spec, argv)
         if special is not None:
             return special
-    start = _now()
+    start = now()
     if spec.is_async:
         # Its synchronous attempt first (handles_now): usually there is nothing to wait for.
         attempt = spec.now
@@ -127,15 +111,15 @@ def execute(ctx: Context, argv: list[bytes]) -> Any:
         try:
             reply = attempt(ctx, argv)
         except Exception as exc:
-            reply = _internal_error(spec, exc)
+            reply = internal_error(spec, exc)
         if reply is LATER:
             return Pending(spec, argv)
     else:
         try:
             reply = spec.handler(ctx, argv)
         except Exception as exc:  # a bug must cost one reply, not the daemon
-            reply = _internal_error(spec, exc)
-    _account(ctx, spec, argv, reply, start)
+            reply = internal_error(spec, exc)
+    account(ctx, spec, argv, reply, start)
     return reply
 
 
@@ -147,13 +131,13 @@ def _gate_or_queue(ctx: Context, spec: CommandSpec, argv: list[bytes]) -> Any:
         stats = ctx.server.stats
         stats.command(spec.fullname).rejected_calls += 1
         reply = _reject(ctx, argv, NOT_IN_MULTI)
-        _record_error(stats, reply)
+        record_error(stats, reply)
         return reply
     if client.monitoring and ("readonly" in spec.flags or writes(spec)):
         stats = ctx.server.stats
         stats.command(spec.fullname).rejected_calls += 1
         reply = _reject(ctx, argv, REPLICA_KEYSPACE)
-        _record_error(stats, reply)
+        record_error(stats, reply)
         return reply
     gate = ctx.server.gate
     # A monitor is a replica to Redis: CLIENT PAUSE does not hold it (an EXEC running alone does).
@@ -176,53 +160,3 @@ async def execute_pending(ctx: Context, pending: Pending) -> Any:
             return await execute_pending(ctx, reply)
         return reply
     return await call_async(ctx, pending.spec, pending.argv)
-
-
-def call(ctx: Context, spec: CommandSpec, argv: list[bytes]) -> Any:
-    """Run a synchronous handler with its accounting (EXEC runs its queue through here)."""
-    start = _now()
-    try:
-        reply = spec.handler(ctx, argv)
-    except Exception as exc:  # a bug must cost one reply, not the daemon
-        reply = _internal_error(spec, exc)
-    _account(ctx, spec, argv, reply, start)
-    return reply
-
-
-async def call_async(ctx: Context, spec: CommandSpec, argv: list[bytes]) -> Any:
-    """Await an async handler with its accounting; it counts as running for the gate meanwhile."""
-    gate = ctx.server.gate
-    gate.running += 1
-    start = _now()
-    try:
-        reply = await spec.handler(ctx, argv)
-    except Exception as exc:
-        reply = _internal_error(spec, exc)
-    finally:
-        gate.running -= 1
-        gate.finished()
-    _account(ctx, spec, argv, reply, start)
-    return reply
-
-
-def _internal_error(spec: CommandSpec, exc: Exception) -> Error:
-    log.exception("internal error in command '%s'", spec.fullname)
-    return Error(f"ERR internal error in '{spec.fullname}': {type(exc).__name__}")
-
-
-def _account(ctx: Context, spec: CommandSpec, argv: list[bytes], reply: Any, start: int) -> None:
-    server = ctx.server
-    stats = server.stats
-    micros = (_now() - start) // 1000
-    stat = stats.commands.get(spec.fullname) or stats.command(spec.fullname)
-    # CommandStat.observe, inlined (once per command)
-    stat.calls += 1
-    stat.usec += micros
-    stat.latency[bisect_left(LATENCY_BOUNDS_USEC, micros)] += 1
-    observers = server.observers
-    if micros >= observers.watch_us:  # 0 while someone MONITORs
-        observers.ran(ctx.client, spec, argv, micros)
-    stats.total_commands_processed += 1
-    if reply.__class__ is Error:
-        stat.failed_calls += 1
-        _record_error(stats, reply)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from pfxcache.protocol.redis_strings import stringmatchlen
-from pfxcache.protocol.replies import SimpleString, Error
+from pfxcache.protocol.replies import SimpleString, Error, quoted
 
 from . import handles
 from .context import Context
@@ -204,7 +204,7 @@ def _expire(ctx: Context, argv: list[bytes], *, unit_ms: int, absolute: bool) ->
     for raw in argv[3:]:
         word = raw.lower()
         if word not in _CONDITIONS:
-            return Error(f"ERR Unsupported option {raw.decode('utf-8', 'replace')}")
+            return Error(f"ERR Unsupported option {quoted(raw)}")
         flags.add(word)
     if b"nx" in flags and len(flags) > 1:
         return Error("ERR NX and XX, GT or LT options at the same time are not compatible")

@@ -14,7 +14,7 @@ import gc
 import time
 from typing import Any
 
-from pfxcache.protocol.replies import OK, Error, Verbatim
+from pfxcache.protocol.replies import OK, Error, Verbatim, quoted
 
 from pfxcache.daemon.service.pubsub import ClientSubscriptions
 from . import handles
@@ -292,7 +292,7 @@ def debug(ctx: Context, argv: list[bytes]) -> Any:
         seconds = _atof(argv[2])
         time.sleep(max(0.0, min(seconds, float(LLONG_MAX) / 1e6)))
         return OK
-    name = argv[1].split(b"\0", 1)[0].decode("utf-8", "replace")
+    name = quoted(argv[1].split(b"\0", 1)[0])
     return Error(f"ERR unknown subcommand or wrong number of arguments for '{name}'. Try DEBUG HELP.")
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from pfxcache.protocol.replies import OK, Error
+from pfxcache.protocol.replies import OK, Error, quoted
 
 from pfxcache.daemon.service.block_ids import block_ids_reply
 from pfxcache.daemon.service.forked_check import CheckFailed
@@ -25,6 +25,9 @@ from .context import LATER, Context
 
 UINT32_MAX = 2**32 - 1
 TTL_MAX_MS = 7 * 24 * 3600 * 1000  # a week: longer than any prefill, short of forever
+#: The options that may follow a prompt (and end its TOKENS list), per command.
+_PFXGET_OPTIONS = frozenset({b"NOLEASE", b"TTL", b"WITHDATA"})
+_PFXSET_OPTIONS = frozenset({b"OFFSET", b"DATA", b"BLOCKS"})
 
 
 class ArgumentError(Exception):
@@ -47,14 +50,19 @@ def _integer(raw: bytes, what: str, low: int, high: int) -> int:
 
 
 def _show(raw: bytes, limit: int = 64) -> str:
-    text = raw[:limit].decode("utf-8", "replace")
+    text = quoted(raw[:limit])
     return text + ("..." if len(raw) > limit else "")
 
 
-def parse_tokens(argv: list[bytes], position: int, max_tokens: int) -> tuple[bytes, int]:
+def parse_tokens(argv: list[bytes], position: int, max_tokens: int,
+                 options: frozenset[bytes] = frozenset()) -> tuple[bytes, int]:
     """Parse ``TOKENS t ...`` or ``PACKED blob`` at ``argv[position]``.
 
-    Returns the packed little-endian uint32 tokens and the position after them.
+    A TOKENS list runs to the end of ``argv`` or to the first of the command's
+    ``options`` (uppercase keywords that may follow it); every argument before
+    that is a token id, so a word that is neither (``TOKENS a b c``) is refused
+    as a token id, not taken for an unknown option. Returns the packed
+    little-endian uint32 tokens and the position after them.
     """
     if position >= len(argv):
         raise ArgumentError("ERR missing TOKENS or PACKED")
@@ -75,6 +83,8 @@ def parse_tokens(argv: list[bytes], position: int, max_tokens: int) -> tuple[byt
     stop = min(len(argv), position + 1 + max_tokens + 1)
     while end < stop and _is_decimal(argv[end]):
         end += 1
+    if end < stop and argv[end].upper() not in options:
+        raise ArgumentError(f"ERR token id '{_show(argv[end])}' is not an unsigned 32-bit integer")
     count = end - position - 1
     if count > max_tokens:
         raise ArgumentError(f"ERR prompt of more than prompt-max-tokens ({max_tokens}) tokens")
@@ -116,17 +126,18 @@ def _namespace(raw: bytes) -> bytes:
     return raw
 
 
-def _prompt(ctx: Context, argv: list[bytes]) -> tuple[bytes, bytes, int]:
-    """``key (TOKENS ...|PACKED blob)`` at argv[1:]: namespace, packed tokens, position after them."""
+def _prompt(ctx: Context, argv: list[bytes], options: frozenset[bytes]) -> tuple[bytes, bytes, int]:
+    """``key (TOKENS ...|PACKED blob)`` at argv[1:], the command's ``options`` after it:
+    namespace, packed tokens, position after them."""
     namespace = _namespace(argv[1])
-    tokens, position = parse_tokens(argv, 2, ctx.server.config["prompt-max-tokens"])
+    tokens, position = parse_tokens(argv, 2, ctx.server.config["prompt-max-tokens"], options)
     return namespace, tokens, position
 
 
 def _pfxget_arguments(ctx: Context, argv: list[bytes]) -> tuple[bytes, bytes, bool, int | None, bool] | Error:
     """PFXGET's arguments: namespace, tokens, lease, ttl_ms, with_data (or the Error reply)."""
     try:
-        namespace, tokens, position = _prompt(ctx, argv)
+        namespace, tokens, position = _prompt(ctx, argv, _PFXGET_OPTIONS)
         lease, ttl_ms, with_data = True, None, False
         while position < len(argv):
             option = argv[position].upper()
@@ -186,7 +197,7 @@ def pfxget_now(ctx: Context, argv: list[bytes]) -> Any:
 def _pfxset_arguments(ctx: Context, argv: list[bytes]) -> tuple[bytes, bytes, int, Any, list[int] | None] | Error:
     """PFXSET's arguments: namespace, tokens, offset, data, blocks (or the Error reply)."""
     try:
-        namespace, tokens, position = _prompt(ctx, argv)
+        namespace, tokens, position = _prompt(ctx, argv, _PFXSET_OPTIONS)
         offset, data, blocks = 0, None, None
         while position < len(argv):
             option = argv[position].upper()
@@ -197,8 +208,8 @@ def _pfxset_arguments(ctx: Context, argv: list[bytes]) -> tuple[bytes, bytes, in
                 data = argv[position + 1]
                 position += 2
             elif option == b"BLOCKS" and data is None and blocks is None:
-                end = position + 1
-                while end < len(argv) and _is_decimal(argv[end]):
+                end = position + 1  # like a TOKENS list, the ids run to the next option
+                while end < len(argv) and argv[end].upper() not in _PFXSET_OPTIONS:
                     end += 1
                 blocks = [_integer(raw, "block id", 0, UINT32_MAX) for raw in argv[position + 1 : end]]
                 position = end

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pfxcache.protocol.replies import Error, Push, Replies, SimpleString
+from pfxcache.protocol.replies import Error, Push, Replies, SimpleString, quoted
 
 from pfxcache.daemon.service.pubsub import ClientSubscriptions
 from . import handles
@@ -152,5 +152,5 @@ def pubsub_help(ctx: Any, argv: list[bytes]) -> Any:
 
 
 def _unknown_subcommand(argv: list[bytes]) -> Any:
-    sub = argv[1].decode("utf-8", "replace")
+    sub = quoted(argv[1])
     return Error(f"ERR unknown subcommand or wrong number of arguments for '{sub}'. Try PUBSUB HELP.")

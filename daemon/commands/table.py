@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pfxcache.protocol.replies import Error
+from pfxcache.protocol.replies import Error, quoted
 
 # The COMMAND replies and the row types are re-exported: callers of the table
 # (and its tests) find every name of the command-table layer here.
@@ -169,8 +169,8 @@ class CommandTable:
         ``"client"`` is the container itself; ``"ping|x"``, ``"client|"`` and
         deeper names are ``None`` (lookupCommandBySds).
         """
-        if isinstance(fullname, str):
-            fullname = fullname.encode()
+        if isinstance(fullname, str):  # a client's bytes decoded with surrogateescape go back as they came
+            fullname = fullname.encode("utf-8", "surrogateescape")
         parts = fullname.lower().split(b"|")
         if len(parts) > 2:
             return None
@@ -222,8 +222,8 @@ def _c_string(data: bytes, limit: int | None = None) -> bytes:
 
 
 def _text(data: bytes) -> str:
-    # Error replies are str; undecodable bytes (rare in command names) become U+FFFD.
-    return data.decode("utf-8", "replace")
+    # Error replies are str; the client's bytes go back as sent (redis-server echoes them raw).
+    return quoted(data)
 
 
 def _unknown_command_message(argv: list[bytes]) -> str:

@@ -1,7 +1,7 @@
 """Transactions: MULTI, EXEC, DISCARD, WATCH, UNWATCH, with redis-server 7.0.15's replies.
 
 The queue and the watches are in :mod:`pfxcache.daemon.commands.transactions`; queueing
-itself happens in dispatch. EXEC runs the queue through dispatch's ``call``
+itself happens in dispatch. EXEC runs the queue through :func:`~pfxcache.daemon.commands.calls.call`
 (stats, SLOWLOG, MONITOR as for any command). When the queue holds an async
 command (PFXGET, PFXSET ...) the EXEC runs *alone* (:mod:`pfxcache.daemon.server.gate`):
 other clients' commands wait and none is under way, so no other client's
@@ -15,11 +15,10 @@ from typing import Any
 from pfxcache.protocol.replies import NULL_ARRAY, OK, ArrayHeader, Error, Replies
 
 from pfxcache.daemon.security.acl import NOPERM_KEY
-from pfxcache.daemon.commands.dispatch import call, call_async
+from pfxcache.daemon.commands.calls import call, call_async
 from pfxcache.daemon.commands.transactions import EXECABORT, MultiState
 from . import handles
-from pfxcache.daemon.server.clients import MUTE_OFF
-from .context import NO_REPLY, Context, Muted
+from .context import MUTE_OFF, NO_REPLY, Context, Muted
 
 NESTED = Error("ERR MULTI calls can not be nested")
 EXEC_WITHOUT_MULTI = Error("ERR EXEC without MULTI")

@@ -34,6 +34,8 @@ from pfxcache.daemon.config.kinds import (
 
 from pfxcache.daemon.config.partitions import ArenaPartitions
 from pfxcache.daemon.config.redis_directives import REDIS_DIRECTIVES
+from pfxcache.daemon.store.registry import DEFAULT as DEFAULT_POLICY
+from pfxcache.daemon.store.registry import POLICIES, SHIPPED
 
 __all__ = ["ALL_DIRECTIVES", "DIRECTIVES", "REDIS_ONLY"]
 
@@ -161,27 +163,12 @@ DIRECTIVES: tuple[Directive, ...] = (
         "reserved at startup and cut into maxmemory / block-bytes blocks.",
     ),
     Directive(
-        name="maxmemory-policy", kind=Enum(("lru", "lfu", "hybrid", "ghost", "reuse", "tempo", "lhd", "odds", "guard", "noeviction"),
-                                              synonyms=_REDIS_POLICIES), default="guard",
-        doc="Which unpinned leaf pages go first when blocks are needed: lru (least recently "
-        "used), lfu (least frequently used, then least recent), hybrid (highest "
-        "age / (frequency + 1)), ghost (LRU that, while the cache thrashes, puts new "
-        "pages nobody continues at the LRU end; continuations of hit or recently evicted "
-        "prefixes stay protected), reuse (LRU plus a learned boost for prefixes whose "
-        "last reuse came quickly: the classes of access that come back sooner than "
-        "average are kept longer; plain LRU when nothing predicts a return), tempo (each "
-        "conversation kept as long as its own pace of turns says it comes back: the "
-        "slowest and the long overdue go first), lhd (the least hit density: hits per "
-        "tick expected from a leaf's age on, learned per class of hits, pages and turns "
-        "from what became of earlier leaves, among 32 drawn candidates), odds (LRU, each "
-        "leaf held longer by the learned share of leaves like it, by pages added and turn, "
-        "that came back), guard (the "
-        "default: the order of whichever of lru, reuse, hybrid, tempo and lhd hit most in "
-        "miniature simulations of a sample of the pages, LRU's as soon as the cache "
-        "falls behind what LRU would hit or has spent its budget of 0.5 % of LRU's hits), noeviction (never evict: writes "
-        "answer -OOM once the arena is full; PFXEVICT still works). redis-server's names are "
-        "accepted: allkeys-lru and volatile-lru mean lru, allkeys-lfu and volatile-lfu lfu, "
-        "allkeys-random, volatile-random and volatile-ttl lru.",
+        name="maxmemory-policy", kind=Enum((*SHIPPED, "noeviction"), synonyms=_REDIS_POLICIES), default=DEFAULT_POLICY,
+        doc="Which unpinned leaf pages go first when blocks are needed: "
+        + ", ".join(f"{name} ({POLICIES[name].summary})" for name in SHIPPED)
+        + ", noeviction (never evict: writes answer -OOM once the arena is full; PFXEVICT still works). "
+        "redis-server's names are accepted: allkeys-lru and volatile-lru mean lru, allkeys-lfu and "
+        "volatile-lfu lfu, allkeys-random, volatile-random and volatile-ttl lru.",
     ),
     Directive(
         name="page-size", kind=Int(), default=16, minimum=1, maximum=1 << 20, mutable=False,

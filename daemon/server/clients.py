@@ -10,9 +10,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterator
 
-
-#: Client.mute under CLIENT REPLY OFF.
-MUTE_OFF = -1
+from pfxcache.daemon.commands.context import MUTE_OFF  # noqa: F401  (Client.mute under CLIENT REPLY OFF)
 
 
 class Client:

@@ -32,10 +32,9 @@ from typing import AsyncIterator
 
 import trio
 
-__all__ = ["CommandGate", "PAUSE_ALL", "PAUSE_WRITE"]
+from pfxcache.daemon.commands.context import PAUSE_ALL, PAUSE_WRITE  # CLIENT PAUSE's kinds
 
-PAUSE_WRITE = "write"
-PAUSE_ALL = "all"
+__all__ = ["CommandGate", "PAUSE_ALL", "PAUSE_WRITE"]
 
 
 class CommandGate:

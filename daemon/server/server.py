@@ -1,67 +1,54 @@
-"""The trio server: listeners, one task per connection, cron, graceful shutdown.
+"""The trio server: accept loops, one task per connection, cron, graceful shutdown.
 
-Structure (as in trio's and hypercorn's servers)::
+A :class:`Server` is built from services that are already open (listeners,
+prefix store, KV events ...): :mod:`pfxcache.daemon.server.assembly` opens
+them in order and closes them in reverse order. The server runs them::
 
     serve()
       connections nursery ─ one task per client (connection.serve_connection)
-        control nursery   ─ accept loop per listener, cron, signal watcher
+        control nursery   ─ accept loop per listener, cron, metrics, signal watcher
                             waits for the shutdown request, then is cancelled
 
 Shutdown (SIGTERM, SIGINT or ``SHUTDOWN``): stop accepting and close the
 listeners; close idle connections at once; let connections that are running
 commands finish them and write their replies, up to ``shutdown-timeout``
-seconds; then cancel whatever is left and release every resource (pidfile,
-unix socket file; later the arena and the leases).
+seconds; then cancel whatever is left. ``serve`` then returns, and the
+assembly releases every resource (pidfile, unix socket file, KV event
+sockets, the arena).
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
-import os
 import secrets
 import signal
 import socket as stdlib_socket
-import stat
-import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import trio
 
 from pfxcache import __version__
-from pfxcache.protocol.redis_strings import stringmatchlen
 
-from pfxcache.daemon.observability import logs
-from pfxcache.daemon.security.acl import AclUsers
-from pfxcache.daemon.server.clients import Client, ClientRegistry
-from pfxcache.daemon.commands import (
-    acl_commands,
-    attach_commands,
-    connection_commands,
-    introspection,
-    keyspace_commands,
-    observe_commands,
-    prefix_commands,
-    pubsub_commands,
-    server_commands,
-    transaction_commands,
-)
 from pfxcache.daemon.commands.table import CommandTable
+from pfxcache.daemon.commands.transactions import WatchRegistry
 from pfxcache.daemon.config.engine import Config
-from pfxcache.daemon.server.connection import send_chunks, serve_connection
-from pfxcache.daemon.service.kv_event_service import KvEventService
-from pfxcache.daemon.server.gate import CommandGate
-from pfxcache.daemon.observability.metrics import build_registry
+from pfxcache.daemon.observability import logs
 from pfxcache.daemon.observability.metrics_http import MetricsEndpoint
 from pfxcache.daemon.observability.observers import CommandObservers
-from pfxcache.daemon.service.prefix import PrefixService
 from pfxcache.daemon.observability.process import ProcessMemory
-from pfxcache.daemon.service.pubsub import PubSub
-from pfxcache.daemon.server.push import PushQueue
 from pfxcache.daemon.observability.stats import Stats
-from pfxcache.daemon.commands.transactions import WatchRegistry
+from pfxcache.daemon.security.acl import AclUsers
+from pfxcache.daemon.server.clients import Client, ClientRegistry
+from pfxcache.daemon.server.connection import send_chunks, serve_connection
+from pfxcache.daemon.server.errors import StartupError
+from pfxcache.daemon.server.gate import CommandGate
+from pfxcache.daemon.server.listeners import Listener, ListenerSet, configure_client_socket
+from pfxcache.daemon.server.push import PushQueue
+from pfxcache.daemon.service.kv_event_service import KvEventService
+from pfxcache.daemon.service.prefix import PrefixService
+from pfxcache.daemon.service.pubsub import PubSub
 
 log = logging.getLogger("pfxcached")
 
@@ -86,158 +73,41 @@ PROTECTED_MODE_ERROR = (
 LOOPBACK_PEERS = ("127.0.0.1", "::1")
 
 
-class StartupError(Exception):
-    """The daemon cannot start (port in use, bad unix socket path ...)."""
-
-
-def build_command_table() -> CommandTable:
-    """The command table with every handler module bound to its rows."""
-    table = CommandTable.load()
-    for module in (connection_commands, server_commands, introspection, prefix_commands, acl_commands,
-                   keyspace_commands, pubsub_commands, transaction_commands, observe_commands, attach_commands):
-        table.bind_module(module)
-    return table
-
-
-class Listener:
-    """A listening socket and the cancel scope of its accept loop."""
-
-    __slots__ = ("sock", "address", "is_unix", "scope")
-
-    def __init__(self, sock: stdlib_socket.socket, address: str, is_unix: bool) -> None:
-        self.sock = sock
-        self.address = address
-        self.is_unix = is_unix
-        self.scope = trio.CancelScope()
-
-    def close(self) -> None:
-        self.scope.cancel()
-        if self.sock.fileno() != -1:
-            trio.lowlevel.notify_closing(self.sock)
-            self.sock.close()
-
-
-def _bind_addresses(bind: Any) -> list[str]:
-    return bind.split() if isinstance(bind, str) else list(bind)
-
-
-def open_tcp_listeners(bind: Any, port: int, backlog: int, *, keep: dict[str, Listener] | None = None,
-                       ) -> tuple[list[Listener], int]:
-    """Bind every address of the ``bind`` directive; port 0 picks one free port for all.
-
-    Addresses prefixed with ``-`` are optional, as in Redis: failing to bind
-    them is not an error. Listeners in ``keep`` (by address) that the directive
-    still names are reused rather than bound twice.
-    """
-    keep = keep or {}
-    listeners: list[Listener] = []
-    try:
-        for entry in _bind_addresses(bind):
-            optional = entry.startswith("-")
-            host = entry.lstrip("-")
-            if host == "*":
-                host = "0.0.0.0"
-            if port and f"{host}:{port}" in keep:
-                listeners.append(keep[f"{host}:{port}"])
-                continue
-            family = stdlib_socket.AF_INET6 if ":" in host else stdlib_socket.AF_INET
-            sock = stdlib_socket.socket(family, stdlib_socket.SOCK_STREAM)
-            try:
-                sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_REUSEADDR, 1)
-                if family == stdlib_socket.AF_INET6:
-                    sock.setsockopt(stdlib_socket.IPPROTO_IPV6, stdlib_socket.IPV6_V6ONLY, 1)
-                sock.bind((host, port))
-                sock.listen(backlog)
-                sock.setblocking(False)
-            except OSError as exc:
-                sock.close()
-                if optional and exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT):
-                    continue
-                raise StartupError(
-                    f"Could not create server TCP listening socket {host}:{port}: bind: {exc.strerror}"
-                ) from exc
-            if port == 0:
-                port = sock.getsockname()[1]
-            listeners.append(Listener(sock, f"{host}:{port}", False))
-    except BaseException:
-        for listener in listeners:
-            if listener not in keep.values():
-                listener.sock.close()
-        raise
-    if not listeners:
-        raise StartupError(f"Failed listening on port {port} (tcp), aborting.")
-    return listeners, port
-
-
-def open_unix_listener(path: str, perm: int, backlog: int) -> Listener:
-    """Listen on a unix socket, replacing a stale socket file left by a killed daemon."""
-    try:
-        if os.path.exists(path):
-            if not stat.S_ISSOCK(os.stat(path).st_mode):
-                raise StartupError(f"Unix socket path {path} exists and is not a socket")
-            os.unlink(path)
-        sock = stdlib_socket.socket(stdlib_socket.AF_UNIX, stdlib_socket.SOCK_STREAM)
-        sock.bind(path)
-        if perm:
-            os.chmod(path, perm)
-        sock.listen(backlog)
-        sock.setblocking(False)
-    except OSError as exc:
-        raise StartupError(f"Failed opening Unix socket: {exc}") from exc
-    return Listener(sock, path, True)
-
-
-#: Linux refuses TCP_KEEPIDLE / TCP_KEEPINTVL above this (EINVAL).
-MAX_TCP_KEEPALIVE = 32767
-
-
-def _configure_client_socket(sock: stdlib_socket.socket, keepalive: int) -> None:
-    sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_NODELAY, 1)
-    if keepalive > 0:
-        # Same probe schedule as Redis's anetKeepAlive: idle, then every idle/3, 3 probes.
-        idle = min(keepalive, MAX_TCP_KEEPALIVE)
-        sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_KEEPALIVE, 1)
-        sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_KEEPIDLE, idle)
-        sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_KEEPINTVL, max(1, idle // 3))
-        sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_KEEPCNT, 3)
-
-
 class Server:
     """The daemon: configuration, command table, clients, stats, and the serve loop.
 
     Handlers see it as a :class:`~pfxcache.daemon.commands.context.ServerState`:
     each figure INFO shows is read from its owner (``config``, ``stats``,
     ``clients``, ``prefix``, ``memory``), not forwarded by the server.
+
+    Every service it is given is open already and stays open until ``serve``
+    returns; the server closes none of them (their opener does, see assembly.py).
     """
 
-    def __init__(self, config: Config, commands: CommandTable | None = None) -> None:
+    def __init__(self, config: Config, *, commands: CommandTable, acl: AclUsers, observers: CommandObservers,
+                 listeners: ListenerSet, prefix: PrefixService, pubsub: PubSub,
+                 kv_events: KvEventService) -> None:
         self.config = config
-        self.commands = commands if commands is not None else build_command_table()
+        self.commands = commands
+        #: ACL users; ``default`` follows requirepass, as in Redis.
+        self.acl = acl
+        #: MONITOR, SLOWLOG, LATENCY, ACL LOG.
+        self.observers = observers
+        #: The listening sockets; CONFIG SET port/bind rebinds them in place.
+        self.listeners = listeners
+        #: The prefix store service: arena, store, leases.
+        self.prefix = prefix
+        #: Redis pub/sub: channels, patterns and their subscribers.
+        self.pubsub = pubsub
+        #: KV events (ZMQ publisher, pub/sub channels).
+        self.kv_events = kv_events
         self.stats = Stats()
         self.clients = ClientRegistry()
-        #: Redis pub/sub: channels, patterns and their subscribers.
-        self.pubsub = PubSub()
-        #: KV events (ZMQ publisher, pub/sub channels), started once the store exists.
-        self.kv_events = KvEventService(self)
         #: Holds commands back: CLIENT PAUSE, an EXEC running alone.
         self.gate = CommandGate()
         #: The namespaces clients WATCH.
         self.watches = WatchRegistry()
-        #: MONITOR, SLOWLOG, LATENCY, ACL LOG.
-        self.observers = CommandObservers(config)
-        #: ACL users; ``default`` follows requirepass, as in Redis.
-        self.acl = AclUsers(self.commands)
-        self.acl.set_default_password(config["requirepass"])
-        try:
-            self.acl.load_users(config.acl_users)
-        except ValueError as exc:
-            raise StartupError(f"Error in the ACL users of the configuration: {exc}") from None
-        aclfile = config["aclfile"] if "aclfile" in config else ""
-        if aclfile:
-            try:
-                self.acl.load_file(aclfile)
-            except (OSError, ValueError) as exc:
-                raise StartupError(f"Error loading the ACL file {aclfile}: {exc}") from None
+        self.watches.attach(prefix.store)
         #: client id -> its request parser, so CONFIG SET of protocol limits reaches live connections.
         self.parsers: dict[int, Any] = {}
         self.run_id = secrets.token_hex(20)
@@ -245,15 +115,9 @@ class Server:
         self.started_monotonic = time.monotonic()
         self.version = __version__
         self.redis_version = REDIS_COMPAT_VERSION
-        self.tcp_port = 0
-        self.addresses: list[str] = []
         self.shutting_down = False
         #: The process's memory and its peak (INFO memory), sampled by the cron.
         self.memory = ProcessMemory()
-        #: The prefix store service, created once the port is known (it names the
-        #: arena), before the first client connects.
-        self.prefix: PrefixService = None  # type: ignore[assignment]
-        self._listeners: list[Listener] = []
         self._shutdown_requested: trio.Event | None = None
         self._drain_scope: trio.CancelScope | None = None  # the wait for busy clients, cut short by a second SIGINT
         self._control_nursery: trio.Nursery | None = None
@@ -276,6 +140,16 @@ class Server:
     def uptime(self) -> float:
         return time.monotonic() - self.started_monotonic
 
+    @property
+    def tcp_port(self) -> int:
+        """The TCP port listened on (the one the kernel picked for ``port 0``)."""
+        return self.listeners.tcp_port
+
+    @property
+    def addresses(self) -> list[str]:
+        """``host:port`` of each TCP listener."""
+        return self.listeners.addresses
+
     def request_shutdown(self, reason: str = "SHUTDOWN") -> None:
         """Begin a graceful shutdown (idempotent)."""
         if self._shutdown_requested is not None and not self._shutdown_requested.is_set():
@@ -290,140 +164,59 @@ class Server:
             parser.query_buffer_limit = self.config["client-query-buffer-limit"]
 
     def _rebind_port(self, _old: Any, new: Any) -> None:
-        self._rebind(new)
+        self._rebind(new, failure=lambda exc: f"Unable to listen on this port: {exc}")
 
     def _rebind_bind(self, _old: Any, _new: Any) -> None:
-        self._rebind(self.tcp_port)  # the port stays, even when it was picked for port 0
+        # The port stays, even when it was picked for port 0. redis-server's reply names no address.
+        self._rebind(self.tcp_port, failure=lambda exc: "Failed to bind to specified addresses.")
 
-    def _rebind(self, port: int) -> None:
+    def _rebind(self, port: int, failure: Callable[[StartupError], str]) -> None:
         """CONFIG SET port/bind: open the new listeners first, keep those that stay, drop the rest."""
         if self._control_nursery is None:
             return
-        current = {listener.address: listener for listener in self._listeners if not listener.is_unix}
         try:
-            wanted, port = open_tcp_listeners(self.config["bind"], port, self.config["tcp-backlog"], keep=current)
+            fresh = self.listeners.rebind(self.config["bind"], port, self.config["tcp-backlog"])
         except StartupError as exc:
-            raise ValueError(f"Unable to listen on this port: {exc}") from exc
-        fresh = [listener for listener in wanted if listener not in current.values()]
-        for listener in current.values():
-            if listener not in wanted:
-                listener.close()
-        self._listeners = [listener for listener in self._listeners if listener.is_unix] + wanted
-        self.tcp_port = port
-        self.config.record("port", port)
-        self.addresses = [listener.address for listener in wanted]
+            log.warning("CONFIG SET port/bind: %s", exc)
+            raise ValueError(failure(exc)) from exc
+        self.config.record("port", self.listeners.tcp_port)
         for listener in fresh:
             self._control_nursery.start_soon(self._accept_loop, listener)
         log.info("Listening on %s", ", ".join(self.addresses))
 
     # -- serving -------------------------------------------------------------------
 
-    def _open_listeners(self) -> None:
-        config = self.config
-        listeners: list[Listener] = []
-        # Unlike Redis, port 0 does not disable TCP: it asks the kernel for a free port.
-        tcp, self.tcp_port = open_tcp_listeners(config["bind"], config["port"], config["tcp-backlog"])
-        config.record("port", self.tcp_port)  # port 0: CONFIG GET port answers the port bound
-        listeners += tcp
-        if config["unixsocket"]:
-            listeners.append(open_unix_listener(config["unixsocket"], config["unixsocketperm"], config["tcp-backlog"]))
-        self._listeners = listeners
-        self.addresses = [listener.address for listener in listeners if not listener.is_unix]
-
-    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Run until shutdown. ``task_status.started`` receives the server once it listens."""
+    async def serve(self, *, metrics: MetricsEndpoint | None = None, signals: Any = None,
+                    task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until shutdown, then drain the clients. ``task_status.started`` receives the
+        server once it accepts; ``signals`` (a trio signal receiver) asks for the shutdown."""
         self._shutdown_requested = trio.Event()
-        self._open_listeners()
-        try:
-            self.prefix = PrefixService(self.config, tcp_port=self.tcp_port, glob=stringmatchlen)
-        except (ValueError, OSError) as exc:
-            for listener in self._listeners:
-                listener.close()
-            raise StartupError(f"Cannot create the block arena: {exc}") from exc
-        self.watches.attach(self.prefix.store)
-        self.prefix.latency_event = self.observers.event
-        try:
-            self.kv_events.start()
-        except ValueError as exc:
-            for listener in self._listeners:
-                listener.close()
-            self.prefix.close()
-            raise StartupError(f"Cannot publish KV events: {exc}") from exc
-        try:
-            self._write_pidfile()
-        except OSError as exc:
-            for listener in self._listeners:
-                listener.close()
-            self.kv_events.close()
-            self.prefix.close()
-            raise StartupError(f"Can't write the pidfile {self.config['pidfile']}: {exc.strerror}") from exc
-        metrics = await self._open_metrics()
-        # The signal handlers stay installed until the very end of the cleanup below: a second
-        # SIGTERM during a graceful shutdown is ignored, as Redis does, instead of killing the
-        # process with its pidfile and arena left behind.
-        signals = contextlib.ExitStack()
-        receiver = None
-        if threading.current_thread() is threading.main_thread():
-            receiver = signals.enter_context(trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT))
-        try:
-            async with trio.open_nursery() as connections:
-                self._connection_nursery = connections
-                async with trio.open_nursery() as control:
-                    self._control_nursery = control
-                    for listener in self._listeners:
-                        control.start_soon(self._accept_loop, listener)
-                    control.start_soon(self._cron)
-                    if metrics is not None:
-                        control.start_soon(metrics.serve)
-                        for address in metrics.addresses:
-                            log.log(logs.ANNOUNCE, "Metrics endpoint on http://%s/metrics", address)
-                    if receiver is not None:
-                        # Watched until the drain below is over (connections' nursery, not control's).
-                        await connections.start(self._watch_signals, receiver)
-                    for listener in self._listeners:
-                        kind = "unix" if listener.is_unix else "tcp"
-                        log.log(logs.ANNOUNCE, "Ready to accept connections %s on %s", kind, listener.address)
-                    self.prefix.memory.mark_startup()  # the empty daemon, listeners and all: metadata's zero
-                    task_status.started(self)
-                    await self._shutdown_requested.wait()
-                    self.shutting_down = True
-                    control.cancel_scope.cancel()
-                self._control_nursery = None
-                for listener in self._listeners:
-                    listener.close()
-                await self._drain_clients()
-                connections.cancel_scope.cancel()
-        finally:
-            for listener in self._listeners:
-                listener.close()
-                if listener.is_unix:
-                    _unlink_quietly(listener.address)
-            self.kv_events.close()
-            self.prefix.close()
-            self._remove_pidfile()
-            log.warning("pfxcached is now ready to exit, bye bye...")
-            signals.close()
-
-    async def _open_metrics(self) -> Any:
-        """The Prometheus endpoint when ``metrics-port`` is set (else None); a StartupError if it cannot bind."""
-        if not self.config["metrics-port"]:
-            return None
-        try:
-            return await MetricsEndpoint.open(self.config["metrics-bind"], self.config["metrics-port"],
-                                              build_registry(self))
-        except ImportError as exc:
-            for listener in self._listeners:
-                listener.close()
-            self.prefix.close()
-            self._remove_pidfile()
-            raise StartupError(f"metrics-port needs prometheus-client (pip install prometheus-client): {exc}") from exc
-        except OSError as exc:
-            for listener in self._listeners:
-                listener.close()
-            self.prefix.close()
-            self._remove_pidfile()
-            raise StartupError(f"Cannot open the metrics endpoint on port {self.config['metrics-port']}: "
-                               f"{exc.strerror or exc}") from exc
+        async with trio.open_nursery() as connections:
+            self._connection_nursery = connections
+            async with trio.open_nursery() as control:
+                self._control_nursery = control
+                for listener in self.listeners.all:
+                    control.start_soon(self._accept_loop, listener)
+                control.start_soon(self._cron)
+                if metrics is not None:
+                    control.start_soon(metrics.serve)
+                    for address in metrics.addresses:
+                        log.log(logs.ANNOUNCE, "Metrics endpoint on http://%s/metrics", address)
+                if signals is not None:
+                    # Watched until the drain below is over (connections' nursery, not control's).
+                    await connections.start(self._watch_signals, signals)
+                for listener in self.listeners.all:
+                    kind = "unix" if listener.is_unix else "tcp"
+                    log.log(logs.ANNOUNCE, "Ready to accept connections %s on %s", kind, listener.address)
+                self.prefix.memory.mark_startup()  # the empty daemon, listeners and all: metadata's zero
+                task_status.started(self)
+                await self._shutdown_requested.wait()
+                self.shutting_down = True
+                control.cancel_scope.cancel()
+            self._control_nursery = None
+            self.listeners.stop_accepting()
+            await self._drain_clients()
+            connections.cancel_scope.cancel()
 
     async def _drain_clients(self) -> None:
         """Close idle clients now; give busy ones ``shutdown-timeout`` seconds to finish."""
@@ -476,7 +269,7 @@ class Server:
         if listener.is_unix:
             addr, laddr = f"{listener.address}:0", listener.address
         else:
-            _configure_client_socket(sock, self.config["tcp-keepalive"])
+            configure_client_socket(sock, self.config["tcp-keepalive"])
             addr = _format_address(peer)
             laddr = _format_address(sock.getsockname())
         self.stats.total_connections_received += 1
@@ -568,16 +361,6 @@ class Server:
             else:
                 log.warning("Received %s during shutdown: ignored, the shutdown is in progress", name)
 
-    def _write_pidfile(self) -> None:
-        path = self.config["pidfile"]
-        if path:
-            with open(path, "w") as file:
-                file.write(f"{os.getpid()}\n")
-
-    def _remove_pidfile(self) -> None:
-        if self.config["pidfile"]:
-            _unlink_quietly(self.config["pidfile"])
-
 
 def _format_address(address: Any) -> str:
     host, port = address[0], address[1]
@@ -591,10 +374,3 @@ def _send_and_close(sock: stdlib_socket.socket, payload: bytes) -> None:
     except OSError:
         pass
     sock.close()
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

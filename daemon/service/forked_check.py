@@ -1,16 +1,17 @@
 """PFXCHECK without stalling: the store's invariants checked in a forked copy of the daemon.
 
-A check walks every block, lease and tree node: on a million pages it takes
-about a second, during which a check on the event loop would answer no other
-client. Walking it in slices would not do either, since the store changes
-between slices and the invariants hold only between two operations. So the
-check runs the way Redis's BGSAVE writes a snapshot: ``fork()`` on the loop,
-between two operations, gives a child an exact copy-on-write image of the
-store at that instant; the child checks it, writes the violations to a pipe
-and exits; the loop keeps serving meanwhile and only awaits the pipe. The
-parent's stall is the fork itself (page tables, some milliseconds per GiB of
-heap), reported as Redis's ``fork`` latency event. The child touches nothing
-but the store's Python objects (not the arena, not a socket) and leaves with
+A check reads every page, lease and tree node in Python, and every block's
+state in C-speed passes over the state array; the invariants hold only between
+two operations, so the check cannot be cut into slices with the loop serving in
+between. :func:`checks_inline` decides: a store small in *both* (pages and
+leases, and blocks: a large arena with few pages cached is still a long pass)
+is checked on the loop, at once. Any other runs the way Redis's BGSAVE writes a
+snapshot: ``fork()`` on the loop, between two operations, gives a child an
+exact copy-on-write image of the store at that instant; the child checks it,
+writes the violations to a pipe and exits; the loop keeps serving meanwhile and
+only awaits the pipe. The parent's stall is the fork itself (page tables),
+reported as Redis's ``fork`` latency event. The child touches nothing but the
+store's Python objects (not the arena, not a socket) and leaves with
 ``os._exit``.
 """
 
@@ -24,11 +25,21 @@ from typing import Any, Callable
 
 import trio
 
-__all__ = ["CheckFailed", "check_in_child"]
+__all__ = ["INLINE_BLOCKS", "INLINE_PAGES", "CheckFailed", "check_in_child", "checks_inline"]
+
+#: A store with at most this many pages and leases (the Python part of a check) ...
+INLINE_PAGES = 20_000
+#: ... and at most this many blocks (the C-speed passes over their states) is checked on the loop.
+INLINE_BLOCKS = 1 << 20
 
 
 class CheckFailed(Exception):
     """The child did not deliver a result (it crashed, or ran past the deadline)."""
+
+
+def checks_inline(stats: dict) -> bool:
+    """Whether a store with these ``stats()`` is checked on the loop rather than in a child."""
+    return stats["pages"] + stats["leases"] <= INLINE_PAGES and stats["blocks_total"] <= INLINE_BLOCKS
 
 
 async def check_in_child(store: Any, *, timeout: float, on_fork: Callable[[float], None]) -> list[str]:

@@ -59,16 +59,21 @@ class KvEventChannels:
 
 
 class KvEventService:
-    """Owns the publisher and the channels sink; keeps the store's sink in step with the directives."""
+    """Owns the publisher and the channels sink; keeps the store's sink in step with the directives.
 
-    def __init__(self, server: Any) -> None:
-        self.server = server
-        self.config = server.config
+    Built once the store exists, with what it serves: the store whose events it carries and the
+    pub/sub its channels publish on. :meth:`start` opens what the configuration asks for,
+    :meth:`close` stops it and detaches the store's sink.
+    """
+
+    def __init__(self, config: Any, store: Any, pubsub: Any) -> None:
+        self.config = config
+        self.store = store
+        self.pubsub = pubsub
         self.publisher: KvEventPublisher | None = None
         #: The last publisher stopped: a new one continues its sequence, so seq never goes back.
         self._previous: KvEventPublisher | None = None
         self.channels: KvEventChannels | None = None
-        config = self.config
         config.on_change("kv-events-endpoint", self._rebind)
         config.on_change("kv-events-replay-endpoint", self._rebind)
         config.on_change("kv-events-hwm", self._rebind)
@@ -77,20 +82,21 @@ class KvEventService:
         config.on_change("kv-events-replay-buffer", self._resize_replay)
         config.on_change("kv-events-pubsub", lambda _old, new: self._set_channels(new))
 
-    # -- lifecycle (the server calls start once the store exists, close at exit) -----------------------
+    # -- lifecycle -----------------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Open what the configuration asks for; ValueError when the publisher cannot bind."""
         if self.config["kv-events-endpoint"]:
-            self.publisher = self._new_publisher()
-            self.publisher.start()
+            publisher = self._new_publisher()
+            publisher.start()
+            self.publisher = publisher
         if self.config["kv-events-pubsub"]:
-            self.channels = KvEventChannels(self.server.pubsub)
+            self.channels = KvEventChannels(self.pubsub)
         self._attach()
 
     def close(self) -> None:
-        if self.server.prefix is not None:
-            self.server.prefix.store.set_events(None)
+        """Detach the store's sink and stop the publisher (idempotent)."""
+        self.store.set_events(None)
         if self.publisher is not None:
             self.publisher.stop()
             self.publisher = None
@@ -99,26 +105,20 @@ class KvEventService:
 
     def _new_publisher(self) -> KvEventPublisher:
         config = self.config
-        prefix = self.server.prefix
         medium = "GPU" if config["arena"] == "cuda" else "CPU"
         return KvEventPublisher(
             endpoint=config["kv-events-endpoint"], replay_endpoint=config["kv-events-replay-endpoint"],
-            topic=config["kv-events-topic"], page_size=prefix.store.page_size, medium=medium,
+            topic=config["kv-events-topic"], page_size=self.store.page_size, medium=medium,
             queue_size=config["kv-events-queue-size"], replay_buffer=config["kv-events-replay-buffer"],
             hwm=config["kv-events-hwm"],
         )
 
     def _attach(self) -> None:
-        prefix = self.server.prefix
-        if prefix is None:
-            return
         sinks = [sink for sink in (self.publisher, self.channels) if sink is not None]
-        prefix.store.set_events(None if not sinks else sinks[0] if len(sinks) == 1 else EventFanout(sinks))
+        self.store.set_events(None if not sinks else sinks[0] if len(sinks) == 1 else EventFanout(sinks))
 
     def _rebind(self, _old: Any, _new: Any) -> None:
         """CONFIG SET of an endpoint: the new sockets replace the old ones, or the change is refused."""
-        if self.server.prefix is None:  # not started yet: start() reads the new values
-            return
         old = self.publisher
         if old is not None:
             old.stop()
@@ -148,7 +148,7 @@ class KvEventService:
             self.publisher.set_replay_buffer(new)
 
     def _set_channels(self, enabled: bool) -> None:
-        self.channels = KvEventChannels(self.server.pubsub) if enabled else None
+        self.channels = KvEventChannels(self.pubsub) if enabled else None
         self._attach()
 
     # -- INFO kvevents -------------------------------------------------------------------------------------

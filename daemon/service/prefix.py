@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 
 import trio
 
-from pfxcache.daemon.service.forked_check import check_in_child
+from pfxcache.daemon.service.forked_check import check_in_child, checks_inline
 from pfxcache.daemon.observability.memory import MemoryAccount, MemoryFigures
 from pfxcache.daemon.service.rwlock import RWLock
 from pfxcache.daemon.store import PrefixStore
@@ -62,9 +62,6 @@ log = logging.getLogger("pfxcached")
 
 #: Copies at least this large go to a worker thread instead of blocking the loop.
 THREAD_COPY_THRESHOLD = 1 << 20
-#: PFXCHECK checks a store of at most this many pages and leases on the loop (a few ms), a
-#: larger one in a forked child (see forked_check.py).
-CHECK_INLINE_PAGES = 20_000
 CHECK_TIMEOUT_S = 600.0
 #: Leases a closing connection releases between two checkpoints (about 10 ms of work).
 RELEASE_SLICE = 10_000
@@ -87,11 +84,17 @@ def _store_policy(name: str, current: str) -> str:
 class PrefixService:
     """The daemon's prefix store: one per server."""
 
-    def __init__(self, config: Any, *, tcp_port: int, glob: Any = None) -> None:
+    def __init__(self, config: Any, *, tcp_port: int, glob: Any = None, latency_event: Any = None) -> None:
         """``glob(pattern, name)``: how tenant-quota patterns match namespaces; the server passes
-        Redis's stringmatchlen, the one ACL key patterns use (None: fnmatch, close to it)."""
+        Redis's stringmatchlen, the one ACL key patterns use (None: fnmatch, close to it).
+        ``latency_event(event, ms)`` is told of work that may stall clients (LATENCY).
+
+        The arena is reserved here; an error after that closes it again before it propagates.
+        """
         self.config = config
         self._glob = glob
+        #: Told of work that may stall clients: (event, milliseconds) for LATENCY.
+        self.latency_event: Any = latency_event if latency_event is not None else (lambda _event, _ms: None)
         block_bytes = config["block-bytes"]
         nblocks = config["maxmemory"] // block_bytes
         if nblocks < 1:
@@ -123,6 +126,15 @@ class PrefixService:
             self.arena = CudaArena(block_bytes, nblocks, device=config["arena-device"])
         else:
             raise ValueError(f"arena '{backend}' is not available in this build")
+        try:
+            self._build_store(config, partitions, align)
+        except BaseException:
+            self.arena.close()
+            raise
+
+    def _build_store(self, config: Any, partitions: Any, align: int) -> None:
+        """The store over the arena, and the directives that reach it at runtime."""
+        glob = self._glob
         self.store = PrefixStore(
             self.arena,
             page_size=config["page-size"],
@@ -143,8 +155,6 @@ class PrefixService:
         # (a mapped arena's copies happen in the workers and are not seen here).
         self.copied_in_bytes = 0
         self.copied_out_bytes = 0
-        #: Told of work that may stall clients: (event, milliseconds) for LATENCY (the server sets it).
-        self.latency_event: Any = lambda _event, _ms: None
         self.memory = MemoryAccount(self.store)  # after the store: its start-up heap is the baseline
         self._apply_policy(config["maxmemory-policy"])
         config.on_change("maxmemory-policy", lambda _old, new: self._apply_policy(new))
@@ -374,10 +384,9 @@ class PrefixService:
     async def check(self) -> list[str]:
         """PFXCHECK: every invariant of the store, as a list of violations (empty: consistent).
 
-        A small store is checked here, at once; a larger one in a forked copy of the
-        daemon (:mod:`.forked_check`), so a check of a million pages stalls no client."""
-        stats = self.store.stats()
-        if stats["pages"] + stats["leases"] <= CHECK_INLINE_PAGES:
+        A small store is checked here, at once; a larger one (in pages and leases, or in
+        blocks) in a forked copy of the daemon (:mod:`.forked_check`), so no check stalls a client."""
+        if checks_inline(self.store.stats()):
             return self.store.check()
         return await check_in_child(self.store, timeout=CHECK_TIMEOUT_S,
                                     on_fork=lambda ms: self.latency_event("fork", ms))

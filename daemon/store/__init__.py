@@ -1,9 +1,16 @@
 """The store core of pfxcached: arena, block allocator, radix trees, leases, eviction policies.
 
-Modules: ``store`` (the PrefixStore facade), ``figures`` (its counters and gauges), ``arguments``
-(its argument checks), ``namespaces`` (a namespace's trees and counters), ``inserts`` (an insert in flight), ``results`` (what operations
-return), ``invariants`` (``PrefixStore.check``), and the parts: ``allocator``, ``radix``, ``leases``,
-``policies``/``reuse``/``guard`` (eviction; ``registry`` names them), ``arena``/``cuda_arena``.
+``store`` holds ``PrefixStore``, the facade the daemon maps RESP commands onto. It is
+composed of parts, each with its own state and a few public methods, made in this order:
+``partitions`` (the allocator, eviction index and page counters, the whole arena's and each
+arena partition's), ``namespaces`` (the namespace records and their trees), ``evictions``
+(the evictor), ``leases``, ``keyspace`` (namespaces as keys: DEL, EXPIRE, SCAN), ``quotas``
+(tenant quotas), ``lookups`` (the read path), ``inserts`` (the write path and the insert
+plans in flight) and ``figures`` (counters and gauges); ``listeners`` holds who is told of
+changes, ``invariants`` checks the parts against each other (``PrefixStore.check``).
+Beneath them: ``allocator``, ``radix``, ``arguments``, ``results``, ``errors``, ``events``,
+the eviction policies (``policy`` is their interface, ``registry`` names them) and the
+arenas (``arena``, ``cuda_arena``, ``partitioned_arena``).
 
 Plain synchronous data structures (no trio, no protocol): the daemon owns the
 event loop and the locks, and maps RESP commands onto ``PrefixStore``.

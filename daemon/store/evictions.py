@@ -1,31 +1,203 @@
-"""The eviction commands of the store: PFXEVICT's forms, FLUSHALL, the low-watermark sweep.
+"""Eviction: making room for writes, and PFXEVICT's forms, FLUSHALL and the low-watermark sweep.
 
-A mixin of :class:`~.store.PrefixStore`, kept apart so the facade stays readable: these
-methods validate their arguments, then call the store's own eviction primitives
-(``_evict`` by policy, ``_drop`` of a subtree) and namespace bookkeeping.
+The :class:`Evictor` takes pages out of the trees in two ways: by the policy (``evict``: the
+victims an eviction index orders, trailing pages of a leaf first, globally, in one arena
+partition or in one namespace) and by position (``drop``: a subtree, for PFXEVICT TOKENS,
+EVICT ALL and a deleted namespace). Both free the blocks, tell the listeners, count the pages
+in the namespace, its tenant quota and the global counters by cause, and retire a namespace
+left empty.
+
+Room for a write: ``fits`` says whether n blocks can be had (free ones, plus evictable pages
+unless the policy is noeviction), ``reserve`` evicts just enough and takes them, and
+``refuse`` builds the OutOfMemory that says why not. Pinned pages are never evicted: a page is
+evictable only while no lease or insert in flight pins it (radix.py).
 """
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .allocator import LEASED
 from .arguments import integer, namespace_name, packed_tokens
-from .errors import BadRequest
-from .events import announce_survivors
+from .errors import BadRequest, OutOfMemory
+from .events import announce_drop, announce_survivors, announce_trim
 from .results import EvictResult
 
+if TYPE_CHECKING:
+    from .listeners import Listeners
+    from .namespaces import Namespace, Namespaces
+    from .partitions import ArenaPartitions
+    from .radix import Node, RadixTree
 
-class EvictionCommands:
-    """PFXEVICT TOKENS|PAGES|BYTES|ALL, FLUSHALL and the watermark sweep; the attributes are PrefixStore's."""
+# Why pages were evicted: room for an insert or allocation, the background low-watermark task,
+# a command (PFXEVICT, DEL), FLUSHALL/FLUSHDB, a tenant's quota.
+EVICTION_CAUSES = ("pressure", "watermark", "command", "flush", "quota")
+
+
+class Evictor:
+    """Evicts pages and counts what it evicted (see the module docstring).
+
+    ``evicting`` is False under maxmemory-policy noeviction: a full arena then refuses writes
+    (-OOM) instead of evicting; PFXEVICT still evicts by the policy in force.
+    """
+
+    def __init__(self, *, namespaces: Namespaces, partitions: ArenaPartitions, listeners: Listeners,
+                 clock: Callable[[], float], shard_of: Callable[[bytes, bytes], int], page_size: int,
+                 page_bytes: int, block_bytes: int) -> None:
+        self._names = namespaces
+        self._records = namespaces.records
+        self._partitions = partitions
+        self._alloc = partitions.alloc
+        self._totals = partitions.totals
+        self._listeners = listeners
+        self._clock = clock
+        self._shard_of = shard_of
+        self._page_size = page_size
+        self._page_bytes = page_bytes
+        self._block_bytes = block_bytes
+        self.evicting = True
+        self.evictions = 0
+        self.evictions_by_cause = dict.fromkeys(EVICTION_CAUSES, 0)  # pages; sums to evictions
+        # Inserts and allocations refused with OutOfMemory: a count of requests, not state,
+        # so stats() (which a refused call must leave as it was) does not show it.
+        self.oom_refusals = 0
+
+    # -- room for writes ------------------------------------------------------------------------
+
+    def fits(self, n: int, pin_cost: int = 0, part=None) -> bool:
+        """Whether ``n`` blocks can be had, freeing some by eviction; within ``part`` when there are
+        partitions (the namespace's: a full one makes room with its own pages only)."""
+        if part is None:
+            alloc, totals = self._alloc, self._totals
+        else:
+            alloc, totals = part.alloc, part.totals
+        if not self.evicting:  # noeviction: only free blocks count
+            return alloc.free_count >= n
+        return alloc.free_count + totals.unpinned - pin_cost >= n
+
+    def refuse(self, n: int, part=None) -> OutOfMemory:
+        """The OutOfMemory refusing ``n`` blocks (``fits`` said no), counted in oom_refusals."""
+        self.oom_refusals += 1
+        alloc, t = (self._alloc, self._totals) if part is None else (part.alloc, part.totals)
+        where = "" if part is None else f" in arena partition '{part.name}'"
+        if not self.evicting:
+            return OutOfMemory(f"cannot allocate {n} blocks{where}: {alloc.free_count} free and "
+                               f"maxmemory-policy is noeviction")
+        return OutOfMemory(f"cannot allocate {n} blocks{where}: {alloc.free_count} free, {t.unpinned} evictable, "
+                           f"{t.pages - t.unpinned} cached pages pinned, {alloc.count(LEASED)} leased")
+
+    @staticmethod
+    def pin_cost(node: Node, child: Node | None, extra: int) -> int:
+        """Unpinned pages that pinning this match would take away from the evictable pool."""
+        cost = extra if child is not None and child.lock_ref == 0 else 0
+        while node.parent is not None and node.lock_ref == 0:  # pinned nodes have pinned ancestors
+            cost += len(node.blocks)
+            node = node.parent
+        return cost
+
+    def reserve(self, n: int, part=None) -> list[int]:
+        """Evict just enough, then take n blocks into state LEASED (the caller checked ``fits``);
+        from ``part`` and with its own pages when there are partitions."""
+        alloc = self._alloc if part is None else part.alloc
+        short = n - alloc.free_count
+        if short > 0:
+            self.evict(short, None, "pressure", part)
+        return alloc.take(n, LEASED)
+
+    # -- the two ways out -----------------------------------------------------------------------
+
+    def evict(self, n: int, scope: bytes | None, cause: str, part=None) -> int:
+        """Evict up to n pages chosen by the policy (globally, in one partition, or in one
+        namespace); O(k log n)."""
+        now = self._clock()
+        records = self._records
+        if part is None and scope is not None and self._partitions.parts:
+            scoped = records.get(scope)
+            part = scoped.part if scoped is not None else None
+        victim = (self._partitions.index if part is None else part.index).victims(scope)
+        events, touched = self._listeners.events, self._listeners.touched
+        evicted = 0
+        freed = array("q")  # the nodes' own arrays, joined at C speed: no Python int per page
+        tree = rec = None
+        owed = 0  # pages evicted from rec's namespace not yet counted there
+        while evicted < n:
+            node = victim(now)
+            if node is None:
+                break
+            # Trailing pages of one leaf in one go: the node keeps its priority while it shrinks,
+            # so this is the same as evicting them one page at a time.
+            k = n - evicted
+            if k > len(node.blocks):
+                k = len(node.blocks)
+            if node.tree is not tree:
+                tree = node.tree
+                if rec is None or rec.name != tree.scope:
+                    if owed:
+                        self._count_evicted(rec, owed)
+                        owed = 0
+                    rec = records[tree.scope]
+                    if touched is not None:
+                        touched(tree.scope)
+            if events is not None:
+                announce_trim(events, node, k)
+            freed.extend(tree.trim(node, k))
+            owed += k
+            evicted += k
+            if not tree.pages:
+                self._count_evicted(rec, owed)
+                owed = 0
+                self._names.retire_if_empty(rec)
+                tree = rec = None  # they may be gone
+        if owed:
+            self._count_evicted(rec, owed)
+        self._alloc.release(freed)  # every evicted block in one call: runs and scatters, not pages
+        self.evictions += evicted
+        self.evictions_by_cause[cause] += evicted
+        return evicted
+
+    @staticmethod
+    def _count_evicted(rec: Namespace, pages: int) -> None:
+        rec.evictions += pages
+        if rec.quota is not None:
+            rec.quota.pages -= pages
+
+    def drop(self, tree: RadixTree, top: Node, cause: str = "command") -> tuple[int, int]:
+        """Free the unpinned pages of ``top``'s subtree; returns (pages freed, pages kept pinned)."""
+        events, touched = self._listeners.events, self._listeners.touched
+        if events is not None:
+            announce_drop(events, tree, top)
+        freed, pinned = tree.drop_subtree(top)
+        self._alloc.release(freed)
+        if freed and touched is not None:
+            touched(tree.scope)
+        self._count_evicted(self._records[tree.scope], len(freed))
+        self.evictions += len(freed)
+        self.evictions_by_cause[cause] += len(freed)
+        return len(freed), pinned
+
+    def sweep_deleted(self, rec: Namespace) -> None:
+        """Free the pages of a deleted namespace that no lease pins any more."""
+        for tree in rec.trees.values():
+            if tree.unpinned:
+                self.drop(tree, tree.root)
+
+    # -- the commands ---------------------------------------------------------------------------
+
+    def _result(self, evicted: int, pinned: int) -> EvictResult:
+        return EvictResult(evicted, evicted * self._block_bytes, pinned)
 
     def evict_prefix(self, ns, tokens) -> EvictResult:
         """Forget every cached sequence that starts with the whole pages of ``tokens``
         (the last of those pages and everything below it); pinned pages stay and are counted."""
         name = namespace_name(ns)
         tokens = packed_tokens(tokens)
-        npages = len(tokens) // self.page_bytes
+        npages = len(tokens) // self._page_bytes
         if not npages:
-            raise BadRequest(f"the prefix must hold at least one whole page ({self.page_size} tokens)")
-        rec = self._ns.get(name)
-        tree = rec.trees.get(self._shard(name, tokens)) if rec is not None else None
+            raise BadRequest(f"the prefix must hold at least one whole page ({self._page_size} tokens)")
+        rec = self._records.get(name)
+        tree = rec.trees.get(self._shard_of(name, tokens)) if rec is not None else None
         if tree is None:
             return self._result(0, 0)
         node, pages, child, extra = tree.walk(tokens, npages)
@@ -40,35 +212,35 @@ class EvictionCommands:
             target = node
             if len(node.blocks) > 1:
                 tree.split(node, len(node.blocks) - 1)
-        return self._result(*self._drop(tree, target))
+        return self._result(*self.drop(tree, target))
 
     def evict_pages(self, ns, n: int) -> EvictResult:
         """Evict up to n pages of ``ns`` chosen by the policy."""
         name = namespace_name(ns)
         n = integer(n, "the page count", 0)
-        rec = self._ns.get(name)
+        rec = self._records.get(name)
         if rec is None:
             return self._result(0, 0)
-        evicted = self._evict(n, name, "command")
+        evicted = self.evict(n, name, "command")
         return self._result(evicted, rec.pinned)
 
     def evict_bytes(self, ns, nbytes: int) -> EvictResult:
         """Evict pages of ``ns`` by policy until at least nbytes of blocks are freed (or nothing is left)."""
         nbytes = integer(nbytes, "the byte count", 0)
-        return self.evict_pages(ns, -(-nbytes // self.block_bytes))
+        return self.evict_pages(ns, -(-nbytes // self._block_bytes))
 
     def evict_all(self, ns, *, cause: str = "command") -> EvictResult:
         """Drop every unpinned page of ``ns`` (``cause``: how INFO counts them, one of EVICTION_CAUSES)."""
-        rec = self._ns.get(namespace_name(ns))
+        rec = self._records.get(namespace_name(ns))
         if rec is None:
             return self._result(0, 0)
         evicted = pinned = 0
         for tree in rec.trees.values():
-            e, p = self._drop(tree, tree.root, cause)
+            e, p = self.drop(tree, tree.root, cause)
             evicted += e
             pinned += p
         result = self._result(evicted, pinned)
-        self._retire_if_empty(rec)
+        self._names.retire_if_empty(rec)
         return result
 
     def flush(self) -> EvictResult:
@@ -76,20 +248,22 @@ class EvictionCommands:
 
         KV events: one "all cleared" for the lot, then the pages leases kept are announced again.
         """
-        events, self._events = self._events, None
-        names = [name for name in self.namespaces() if type(name) is bytes]  # not DEL's tombstones
+        listeners = self._listeners
+        events, listeners.events = listeners.events, None
+        names = [name for name in self._names.names() if type(name) is bytes]  # not DEL's tombstones
         evicted = pinned = 0
         try:
-            for name in list(self._ns):
+            for name in list(self._records):
                 e, _, p = self.evict_all(name, cause="flush")
                 evicted += e
                 pinned += p
         finally:
-            self._events = events
-        self.set_policy(self.policy)  # a fresh index: a learning policy starts over
+            listeners.events = events
+        partitions = self._partitions
+        partitions.set_policy(partitions.policy, self._records.values())  # a fresh index: a learning policy starts over
         if events is not None:
             events.all_cleared(names)
-            for rec in self._ns.values():
+            for rec in self._records.values():
                 for tree in rec.trees.values():
                     announce_survivors(events, tree)
         return self._result(evicted, pinned)
@@ -98,12 +272,15 @@ class EvictionCommands:
         """Evict by policy across namespaces until at least ``low_free_blocks`` blocks are free
         (with arena partitions: until each has its proportional share of them free)."""
         low = integer(low_free_blocks, "the free-block watermark", 0)
-        if self.parts:  # each arena partition keeps its share free, with its own pages
+        totals = self._totals
+        parts = self._partitions.parts
+        if parts:  # each arena partition keeps its share free, with its own pages
             evicted = 0
-            for part in self.parts:
-                short = low * part.nblocks // self.nblocks - part.alloc.free_count
-                evicted += self._evict(short, None, "watermark", part) if short > 0 and self.evicting else 0
-            return self._result(evicted, self._totals.pages - self._totals.unpinned)
+            nblocks = self._partitions.nblocks
+            for part in parts:
+                short = low * part.nblocks // nblocks - part.alloc.free_count
+                evicted += self.evict(short, None, "watermark", part) if short > 0 and self.evicting else 0
+            return self._result(evicted, totals.pages - totals.unpinned)
         short = low - self._alloc.free_count
-        evicted = self._evict(short, None, "watermark") if short > 0 and self.evicting else 0
-        return self._result(evicted, self._totals.pages - self._totals.unpinned)
+        evicted = self.evict(short, None, "watermark") if short > 0 and self.evicting else 0
+        return self._result(evicted, totals.pages - totals.unpinned)

@@ -1,12 +1,11 @@
 """A ghost: what a policy remembers of recently evicted leaves, oldest forgotten first, in few bytes.
 
 ``reuse`` and ``tempo`` keep a few fields per evicted leaf (its last access tick, what it had
-learned), keyed by a crc32 of one of its pages, and forget the oldest beyond a bound. An
-OrderedDict of tuples does that in about 250–270 bytes an entry (the ordered dict's links, the
-tuple, a Python object per field); here the fields are packed into one int with the entry's
-insertion number (``struct`` bytes, so floats come back bit for bit), and the age order is a
-deque of keys: ~150–180 bytes an entry with the dict's slack and the deque's stale slots
-(pfxcache.tools.policy_memory), the same entries forgotten in the same order.
+learned), keyed by a crc32 of one of its pages, and forget the oldest beyond a bound that follows
+the candidates (``limit``). An OrderedDict of tuples would do that with the ordered dict's links,
+the tuple and a Python object per field; here the fields are packed into one int with the
+entry's insertion number (``struct`` bytes, so floats come back bit for bit), and the age order
+is a deque of keys: the same entries forgotten in the same order, in fewer bytes.
 
 A key put again, or popped, leaves its old deque slot behind; a slot is the live one only
 when the entry's number matches its position, so the oldest live entry is still found
@@ -24,7 +23,15 @@ from collections import deque
 _SEQ_BITS = 32
 _SEQ_MASK = (1 << _SEQ_BITS) - 1
 _COMPACT_SLACK = 64
+GHOST_MIN = 4096  # entries a policy's ghost keeps at least ...
+GHOST_PER_LEAF = 4  # ... and up to this many per indexed candidate ...
+GHOST_MAX = 1 << 18  # ... but never more
 ENTRY_BYTES = 165  # a dict entry, its int key and its record int (pfxcache.tools.policy_memory, CPython 3.11)
+
+
+def limit(live: int) -> int:
+    """The entries a ghost keeps for a policy indexing ``live`` candidates."""
+    return max(GHOST_MIN, min(GHOST_PER_LEAF * live, GHOST_MAX))
 
 
 class Ghost:

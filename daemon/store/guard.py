@@ -1,150 +1,75 @@
 """The ``guard`` eviction policy: the order of whichever expert would have hit most, never much below LRU.
 
-Each policy wins on the shape it suits and can lose to plain LRU elsewhere
-(reuse kept 0.83x of LRU on tests/test_guard_policy.py's fooling workload).
-The guard indexes every candidate in the order of five experts, ``lru``,
-``reuse``, ``hybrid`` (in ticks), ``tempo`` and ``lhd``, one lazy heap (or
-bucket set, or lhd's array of candidates) each over the same leaves, and lets
-the one that would have hit most, recently, choose the victims (``lhd``
-joined when loops came: workloads that read a set larger than the cache over
-and over, an evaluation rerun over its dataset, where every recency order
-keeps nothing but the shared prefix and LHD's hit densities keep a part of
-the loop: 1.00x -> 2.96x LRU on a loop of 40 documents in half its
-footprint, scripts/README.md "Loops"; on the suite's tuning half, before,
-it had changed nothing; ``ghost`` was one until ``tempo`` came: on the
-tuning half it then never changed a figure by more than 0.01x, and it cost a
-sixth of the guard's work; ``lfu`` was one until a held-out real trace: its
-miniature led early, it took the arena and fell behind LRU, 0.98x, as
-``lfu`` alone fell to 0.60x-0.71x LRU on two real traces; without it the
-suite keeps every goal, sysprompts 0.5 % 1.92x -> 1.64x LRU). "Would
-have hit" comes from miniature simulations (SHARDS: Waldspurger et al., "Cache Modeling and Optimization
-using Miniature Simulations", USENIX ATC 2017): one metadata-only prefix
-cache per expert, all fed the same spatially sampled stream of pages, each
-holding ``rate`` x the store's capacity, rate = min(1, SAMPLE_PAGES /
-capacity). The experts are the "arms" of LeCaR / Cacheus, judged by
-simulation instead of by regret (judging them also by regret, the real
-cache's hits while each drove against its miniature's, was tried: at rate 1,
-where a miniature is its expert exactly, it marked honest experts down for
-what a switch had cost, and one expert so at a point of seed 2: reverted).
-How pages are sampled, and what a miniature models of the store, is
-pfxcache.daemon.store.miniatures.
+Rule. Every candidate is indexed in the order of five experts, ``lru``,
+``reuse``, ``hybrid`` (in ticks), ``tempo`` and ``lhd`` (one lazy heap, bucket
+set or array of candidates each, over the same leaves), and the expert that
+would have hit most, recently, chooses the victims; LRU chooses at the start
+and whenever in doubt. Each expert wins on the shape it suits and can lose to
+plain LRU elsewhere; the guard takes the wins and bounds the losses.
 
-An expert that learns from what became of the cache's own candidates
-learns, while another drives, only what that one's evictions let it see:
-``lhd``'s order, under LRU, sees no hit past LRU's eviction age, so once a
-loop outgrows the cache it learns that nothing comes back, and as driver
-it would keep what LRU kept. Its miniature drove its own cache and learned
-the ages that pay. So a switch to ``lhd`` gives its order the miniature's
-histograms (HitDensityModel.adopt: ages scaled by the two clocks' ratio),
-and from there it learns from the real cache it now drives (adversarial's
-growing-loop at 6 %: 1.00x -> 3.8x LRU; the others learn from hits and
-ghosts, which any driver lets them see). Only at rate 1, where the
-miniature's nodes are the store's page for page: below it a miniature's
-node holds about rate x the pages, and the size classes, moved by 1 / rate
-or not, misled (the stress set's scans in 64-token pages at 2 % with 16 in flight,
-rate 0.59: the real cache under the adopted order hit half what LRU would
-have, 1.13x -> 0.99x LRU; the suite's sysprompts at 20 %, rate 0.46, had
-gained 1.01x -> 1.06x).
+"Would have hit" comes from miniature simulations (SHARDS: Waldspurger et al.,
+"Cache Modeling and Optimization using Miniature Simulations", USENIX ATC
+2017): one metadata-only prefix cache per expert, all fed the same spatially
+sampled stream of pages, each holding ``rate`` x the store's capacity, rate =
+min(1, SAMPLE_PAGES / capacity). The experts are the "arms" of LeCaR /
+Cacheus, judged by simulation instead of by regret. How pages are sampled,
+and what a miniature models of the store (pins of requests in flight, stores
+at the worker's pace), is miniatures.py.
 
 Decisions, every DECIDE_EVERY sampled lookups, on hit counts that halve
-every HALFLIFE of them. LRU drives at the start and whenever in doubt. An
-expert takes over when its miniature beat the driving one by MARGIN and by
-SWITCH_Z standard deviations of the difference; LRU takes back over on
-BACK_Z of them (and BACK_MARGIN). The deviation is that of the sum of the
-per-lookup differences (the differences squared, summed with the squared
-weights), not of Poisson counts of pages: a lookup hits or misses its whole
-prefix, so hits come in lumps of a request's length. On Mooncake's traces,
-at hit rates of 1 %-5 %, the miniatures' leads were a handful of 30- to
-150-page lookups, that "significant" under the Poisson view, and every
-switch on one was a gamble: 0.86x LRU at 152 pages of the first half,
-where the expert that led fell behind after the switch. With the paired
-deviation and 3 deviations to leave LRU, nothing switches there (1.00x),
-and the suite's gains stay (the shared trace at 2 % 1.79x -> 1.69x LRU;
-chat 0.5 % 1.33x -> 1.32x). Leaving LRU takes more evidence than coming
-back: a wrong switch away costs the winner's lead, one back costs at
-most what LRU loses. While LRU drives, an expert must also beat the real
-cache's hits on the sampled pages: that is LRU itself (made when the
-miniatures did not yet pin: with 4 in flight on held-out sessions the real
-cache hit 1.9x its LRU miniature; hybrid's miniature, 1.9x too, took the
-arena and the real cache fell to 0.96x LRU).
+every HALFLIFE of them:
 
-And a budget, the goal itself kept as an account: while experts other than
-LRU drove, and until LRU had settled what they left (the cache refilled
-twice), since the start, the real cache may hit BUDGET (0.5 %, half the
-goal's 1 %) less than LRU would have, no more. "Would have" is the LRU
-miniature's hits on the sampled pages times what the real cache hit per
-miniature hit while LRU drove a settled cache (with requests in flight the real cache stores later and pins more than
-the miniature: under LRU it hit 0.975 per miniature hit on scans at 6 % with
-16 in flight, and against the bare miniature the budget sent tempo back
-there, 1.13x -> 1.08x LRU). LRU leaves only while the account is within it;
-spent, the driver goes back to LRU once the cache has been refilled under its
-order (before that its losses are the switch's cost), or at once past twice
-the budget, and LRU drives until its own hits have earned the budget back
-(Wu et al., "Conservative Bandits", ICML 2016, for the idea). The windowed
-rules above forget: on phases of Zipf prompts and of a loop, in turn,
-hybrid's miniature led in each prompt phase, each switch to it and back cost
-the real cache more than hybrid won, and the guard fell to 0.98x LRU
-(tests/test_guard_policy.py; 0.99x with the budget). Sending the driver back
-at once, before the refills, took tempo's gains at tenants 0.5 % (1.18x ->
-0.99x: its switch cost 12 sampled pages in its first 32 lookups, against a
-budget of 7); leaving out what LRU hit while it settled took them at chat
-0.5 % (1.31x -> 1.19x: there, back under LRU, the cache tempo had shaped
-won back 57 of the 61 pages its switch had cost, and tempo could drive again).
-A switch must also be affordable: what is left of the budget must cover the
-most the expert's miniature hit less than LRU's in one window between two
-decisions (``risk``, halving every HALFLIFE), since a loss of one window
-lands before the budget is next checked. On Mooncake's synthetic first half
-at 10 % with 4 in flight tempo, ahead by 900 sampled pages, took over at
-lookup 928 of 1,145 with 7 pages of budget left, its risk 70; six windows
-later one window lost 157 pages (bursts LRU kept and tempo did not) and the
-real cache fell to 0.93x LRU (0.994x with 16 in flight). Affordable switches
-keep both at 1.00x; the price is later switches elsewhere (the shared trace
-at 2 % with none in flight 1.69x -> 1.55x LRU, tenants 0.5 % 1.18x -> 1.10x).
+* an expert takes over when its miniature beat the driving one by MARGIN and
+  by SWITCH_Z standard deviations of the difference; LRU takes back over on
+  BACK_MARGIN and BACK_Z (leaving LRU takes more evidence than coming back: a
+  wrong switch away costs the winner's lead, one back at most what LRU
+  loses). The deviation is that of the sum of the per-lookup differences (a
+  lookup hits or misses its whole prefix, so hits come in lumps of a
+  request's length; Poisson counts of pages would call a few lumps
+  significant). While LRU drives, an expert must also beat the real cache's
+  hits on the sampled pages: that is LRU itself;
+* a budget, the goal kept as an account (the idea of Wu et al.,
+  "Conservative Bandits", ICML 2016): while other experts drove, and until
+  LRU has settled what they left (the cache refilled twice), the real cache
+  may hit BUDGET less than LRU would have since the start. "Would have" is
+  the LRU miniature's hits times what the real cache hit per miniature hit
+  while LRU drove a settled cache. LRU leaves only while the account is
+  within it; spent, the driver goes back to LRU once the cache has been
+  refilled under its order (before that its losses are the switch's cost),
+  or at once past twice the budget, and LRU drives until its own hits have
+  earned the budget back. A switch must also be affordable: what is left of
+  the budget must cover the most the expert's miniature hit less than LRU's
+  in one window between two decisions (``risk``, halving every HALFLIFE),
+  since a loss of one window lands before the budget is next checked;
+* a veto that needs no model: while another expert drives, the real cache's
+  hits on the sampled pages are compared with the LRU miniature's; when they
+  fall more than VETO_MARGIN and VETO_Z (paired) deviations below, LRU takes
+  over and the others sit out VETO_DECISIONS decisions, twice as long each
+  further time. The veto judges a driver only once the cache has been
+  refilled under its order VETO_TURNOVERS times: until then the real cache
+  still holds what the previous order kept.
 
-And a check that needs no model: while another expert drives, the real
-cache's hits on the sampled pages are compared with the LRU miniature's;
-when they fall more than VETO_MARGIN and VETO_Z (paired) deviations below,
-LRU takes over and the others sit out VETO_DECISIONS decisions, twice as
-long each further time (at trace 3 % the one veto, on a burst that tempo
-lost, kept LRU driving 64 decisions while tempo's miniature led by half:
-1.23x LRU; with 16, 1.29x). The veto judges a driver only once the cache
-has been refilled under its order VETO_TURNOVERS times (sampled pages
-missed since the switch, against the miniatures' capacity): until then the
-real cache still holds what the previous order kept, and its hits are the
-switch's cost, not the driver's. The constants were chosen on the tuning
-half of the suite (pfxcache.tools.workloads.TUNING), the fooling workload's
-test and Mooncake's synthetic trace (whole and halves) with 16
-kv-cache-tester sessions (scripts/README.md).
+An expert that learns from what became of the cache's own candidates learns,
+while another drives, only what that one's evictions let it see: ``lhd``'s
+order, under LRU, sees no hit past LRU's eviction age. Its miniature drove
+its own cache and learned the ages that pay, so a switch to ``lhd`` gives its
+order the miniature's histograms (HitDensityModel.adopt: ages scaled by the
+two clocks' ratio), only at rate 1, where the miniature's nodes are the
+store's page for page. The other experts learn from hits and ghosts, which
+any driver lets them see.
 
-Requests in flight (scripts/suite --in-flight): a miniature does what the
-store does (pfxcache.daemon.store.miniatures). Its hit is pinned under the
-lookup's lease until the lease ends (the store calls released()), what it
-missed is stored when the worker stores it, and when the real cache hit the
-whole prompt, so that no store comes, when the lease ends; at rate 1 the LRU
-miniature is LRU alone, page for page, whoever drives. Before, a miniature
-stored at the lookup and pinned nothing: it counted hits on pages still in
-flight and lost what the pins keep, the real cache under LRU beat every
-miniature, and with 64 in flight the guard never left LRU (the shared trace
-at 0.5 %: 1.00x, where tempo alone gets 1.27x). Two earlier tries modelled
-one or both but never stored a miniature's misses of a prompt the real
-cache hit whole, so the LRU miniature fell behind LRU alone whenever
-another expert drove; they lost the shared trace (16 in flight, 1.31x ->
-1.00x) or Mooncake's first half at 10 % (0.94x). (scripts/README.md,
-"Requests in flight".) The leases' entries are bounded by HELD_MAX and
-hold a prompt's sampled ids at most (4 bytes a sampled page, less than the
-store's own lease keeps per page).
+Node state: each node's ``policy_data`` is a GuardState, the experts' state
+(each expert reads and writes its own field: policy.field_of) and the pages'
+sampling identities, cut with the pages on a split or a trim.
 
 Costs: per lookup and store, one vectorised hash of the prompt (numpy,
 O(tokens)) and the miniature caches' own O(log n) steps on the sampled pages;
 per candidate, one heap entry per expert. Extra memory is bounded: five
-miniatures of at most SAMPLE_PAGES pages, reuse's and tempo's ghosts. A
-smaller sample would save memory but buys less evidence (scripts/suite
---guard-sample-pages N): 2,048 kept the suite's and the real traces'
-figures (none below 0.99x LRU), 1,024 fell below 0.99x at 4 points of
-Mooncake's traces (worst 0.94x) and 512 at 2 (0.95x, 0.96x); 4,096 keeps a
-factor of 4 from that. Every
-expert counts in ticks and events, never seconds, so replays in process and
-through the daemon agree to the token.
+miniatures of at most SAMPLE_PAGES pages, reuse's and tempo's ghosts; the
+leases whose hits the miniatures pin are at most HELD_MAX. Every expert
+counts in ticks and events, never seconds, so replays in process and
+through the daemon agree to the token. Why each constant has its value, and
+what was tried instead: scripts/research/policies/NOTES.md.
 """
 
 from __future__ import annotations
@@ -158,6 +83,7 @@ import numpy as np
 from .lhd import MIN_EVENTS, LHDPolicy
 from .miniatures import MiniCache, PageSampler
 from .policies import HybridPolicy, LRUPolicy, SharedSeq, _bucket
+from .policy import Policy, field_of
 from .reuse import ReusePolicy
 from .tempo import TempoPolicy
 
@@ -167,18 +93,32 @@ DECIDE_EVERY = 32  # sampled lookups between two decisions
 HALFLIFE = 1024  # sampled lookups after which a hit counts half
 START = "lru"  # LRU drives until an expert has shown it does better
 MARGIN = 0.01  # an expert takes over once its miniature hits 1 % more than the driver's ...
-SWITCH_Z = 3.0  # ... and by 3 standard deviations of the difference (2 and 2.5 switched on lumps: 0.93x-0.95x)
+SWITCH_Z = 3.0  # ... and by 3 standard deviations of the difference
 BACK_MARGIN = 0.01  # ... LRU likewise ...
 BACK_Z = 1.0  # ... by 1 (back to LRU takes less evidence than leaving it)
 VETO_MARGIN = 0.01  # the real cache more than 1 % below the LRU miniature: LRU takes over ...
-VETO_Z = 1.0  # ... and by 1 standard deviation (2: a driver that fell behind LRU kept the arena, 0.95x)
+VETO_Z = 1.0  # ... and by 1 standard deviation
 VETO_TURNOVERS = 2.0  # ... but not before the driver has refilled the cache twice (a switch costs hits for a while)
-VETO_DECISIONS = 16  # ... for 16 decisions, twice as long each further time (64 kept trace 3 % on LRU while tempo led)
+VETO_DECISIONS = 16  # ... for 16 decisions, twice as long each further time
 BUDGET = 0.005  # the real cache may hit this share less than LRU would have, since the start (GuardPolicy.budget)
 HELD_MAX = 1 << 16  # leases whose hits the miniatures pin, at most (beyond: the oldest are let go)
 
-# What INFO's used_memory_policy counts (pfxcache.tools.policy_memory measures them, CPython 3.11):
+# What INFO's used_memory_policy counts (research.policy_memory measures them, CPython 3.11):
 SAMPLE_ARRAY_BYTES = 112  # a node's array of sampling identities, besides its 8 bytes a page
+STATE_BYTES = 64  # a node's GuardState
+
+
+class GuardState:
+    """What the guard keeps on a node (its ``policy_data``): each expert's state, the pages' sampling identities."""
+
+    __slots__ = ("lhd", "reuse", "samples", "tempo")
+
+    def __init__(self, reuse=None, samples=None) -> None:
+        self.reuse = reuse  # ReusePolicy's Access
+        self.tempo = None  # TempoPolicy's tuple
+        self.lhd = None  # LHDPolicy's tuple
+        self.samples = samples  # the pages' sampling identities, a uint64 array (miniatures.PageSampler)
+
 
 class Clock:
     """The latest tick a policy has seen (node.tick of its pushes): "now" for orders that age."""
@@ -213,7 +153,7 @@ class TickHybridPolicy(HybridPolicy):
 EXPERTS = {"lru": LRUPolicy, "reuse": ReusePolicy, "hybrid": TickHybridPolicy, "tempo": TempoPolicy, "lhd": LHDPolicy}
 
 
-class _Orders:
+class _Orders(Policy):
     """Every candidate in every expert's order; ``driver()`` names the one that evicts."""
 
     def __init__(self, orders: dict) -> None:
@@ -245,7 +185,7 @@ class _Orders:
 
     def memory_bytes(self, nodes: int, pages: int) -> int:
         """The experts' orders and node data (INFO's used_memory_policy)."""
-        return sum(order.memory_bytes(nodes, pages) for order in self._all if hasattr(order, "memory_bytes"))
+        return sum(order.memory_bytes(nodes, pages) for order in self._all)
 
     def pushed(self) -> list:
         return self.orders["lru"].pushed()
@@ -269,10 +209,15 @@ class GuardPolicy(_Orders):
     """The order of the expert whose miniature hit most, LRU's when in doubt; see the module docstring."""
 
     name = "guard"
+    summary = ("the default: the order of whichever of lru, reuse, hybrid, tempo and lhd hit most in miniature "
+               "simulations of a sample of the pages, LRU's as soon as the cache falls behind what LRU would hit "
+               "or has spent its budget of 0.5 % of LRU's hits")
+    observes_requests = True
 
     def __init__(self, capacity: int = SAMPLE_PAGES, page_bytes: int = 0) -> None:
-        super().__init__({"reuse": ReusePolicy(), "lru": LRUPolicy(),
-                          "hybrid": TickHybridPolicy(), "tempo": TempoPolicy(), "lhd": LHDPolicy()})
+        super().__init__({"reuse": ReusePolicy(state=field_of(GuardState, "reuse")), "lru": LRUPolicy(),
+                          "hybrid": TickHybridPolicy(), "tempo": TempoPolicy(state=field_of(GuardState, "tempo")),
+                          "lhd": LHDPolicy(state=field_of(GuardState, "lhd"))})
         self.reuse = self.orders["reuse"]
         self.lhd = self.orders["lhd"]
         self.tempo = self.orders["tempo"]
@@ -282,7 +227,7 @@ class GuardPolicy(_Orders):
         self.minis = {name: MiniCache(factory, mini) for name, factory in EXPERTS.items()}
         self._minis = tuple(self.minis.items())  # looked_up's loop, without a dict view per lookup
         self._mini_pages = self.minis["lru"].capacity
-        self._sampler = PageSampler(page_bytes, self.rate) if page_bytes else None
+        self._sampler = PageSampler(page_bytes, self.rate, field_of(GuardState, "samples")) if page_bytes else None
         self.driving = START
         self.hits = {name: 0.0 for name in (*EXPERTS, "real")}  # sampled pages hit, halving every HALFLIFE
         names = (*EXPERTS, "real")
@@ -330,6 +275,34 @@ class GuardPolicy(_Orders):
         self.reuse.evicted(node, whole)
         self.tempo.evicted(node, whole)
         self.lhd.evicted(node, whole)
+
+    # -- node state: every node the experts may read holds a GuardState ------------------------
+
+    def push(self, node, uncovered: bool = False) -> None:
+        if node.policy_data is None:  # a new leaf
+            node.policy_data = GuardState()
+        if node.parent.policy_data is None:  # the root (the experts read a candidate's parent)
+            node.parent.policy_data = GuardState()
+        super().push(node, uncovered)
+
+    def split(self, top, child, pages: int) -> None:
+        """The upper part shares reuse's Access of the latest access through both (reuse never changes one),
+        starts without tempo's and lhd's state (it ended no access of its own) and takes its pages' identities."""
+        state = child.policy_data
+        samples = state.samples
+        if samples is None:
+            top.policy_data = GuardState(state.reuse)
+        else:
+            top.policy_data = GuardState(state.reuse, samples[:pages])
+            state.samples = samples[pages:]
+
+    def trimmed(self, node, pages: int) -> None:
+        state = node.policy_data
+        if state.samples is not None:
+            state.samples = state.samples[:pages]
+
+    def reset(self, node) -> None:
+        node.policy_data = GuardState()
 
     # -- the request stream ------------------------------------------------------------------
 
@@ -504,7 +477,8 @@ class GuardPolicy(_Orders):
     def memory_bytes(self, nodes: int, pages: int) -> int:
         """Orders, node data, the pages' sampling identities and the miniatures (INFO's used_memory_policy)."""
         sampled = pages * 8 + nodes * SAMPLE_ARRAY_BYTES if self._sampler is not None else 0
-        return super().memory_bytes(nodes, pages) + sampled + sum(m.memory_bytes() for m in self.minis.values())
+        return (super().memory_bytes(nodes, pages) + nodes * STATE_BYTES + sampled
+                + sum(m.memory_bytes() for m in self.minis.values()))
 
     def describe(self) -> dict:
         """What INFO and PFXINFO show: who drives, what the miniatures saw, and what reuse learned."""

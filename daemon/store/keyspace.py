@@ -2,7 +2,7 @@
 
 What Redis's generic keyspace commands need from the store, kept apart from the
 prefix operations. ``NamespaceKeys`` belongs to one :class:`PrefixStore` and
-works on its namespace records.
+works on its namespace records (namespaces.py).
 
 Deletion makes a namespace vanish at once, as DEL does in Redis, although a
 lease may still pin some of its pages: the unpinned pages are freed now, and
@@ -24,8 +24,17 @@ import heapq
 import itertools
 import random
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .events import announce_deleted
+
+if TYPE_CHECKING:
+    from .evictions import Evictor
+    from .inserts import PlansInFlight
+    from .leases import Leases
+    from .listeners import Listeners
+    from .namespaces import Namespace, Namespaces
 
 #: Redis's LFU counter: new keys start at 5, the counter saturates at 255.
 LFU_INIT = 5
@@ -112,8 +121,17 @@ def cursor_hash(name: bytes) -> int:
 class NamespaceKeys:
     """The keyspace view of one store's namespaces."""
 
-    def __init__(self, store, *, wallclock=time.time) -> None:
-        self._store = store
+    def __init__(self, *, namespaces: Namespaces, evictor: Evictor, leases: Leases, plans: PlansInFlight,
+                 listeners: Listeners, page_bytes: int, block_bytes: int,
+                 wallclock: Callable[[], float] = time.time) -> None:
+        self._names = namespaces
+        self._records = namespaces.records
+        self._evictor = evictor
+        self._leases = leases
+        self._plans = plans
+        self._listeners = listeners
+        self._page_bytes = page_bytes
+        self._block_bytes = block_bytes
         self._wallclock = wallclock
         self._tombstones = itertools.count(1)
         self._deadlines: list[tuple[int, int, bytes]] = []  # (unix ms, seq, name): a lazy heap
@@ -131,7 +149,7 @@ class NamespaceKeys:
 
     def live(self, name: bytes):
         """The record of namespace ``name`` if it exists as a key (expiring it lazily), else None."""
-        rec = self._store._ns.get(name)
+        rec = self._records.get(name)
         if rec is None or not rec.holds_anything:
             return None
         if rec.expires_at is not None and self.now_ms() >= rec.expires_at:
@@ -140,13 +158,22 @@ class NamespaceKeys:
             return None
         return rec
 
+    def open(self, name: bytes) -> Namespace:
+        """The record of namespace ``name``, made (empty) when it is not a key or expired just now."""
+        rec = self._records.get(name)
+        if rec is not None and rec.expires_at is not None and self.live(name) is None:
+            rec = None  # it expired just now
+        if rec is None:
+            rec = self._names.create(name)
+        return rec
+
     def exists(self, name: bytes) -> bool:
         return self.live(name) is not None
 
     def names(self) -> list[bytes]:
         """Every namespace that is a key, sorted (expired ones are deleted on the way)."""
         out = []
-        for name in self._store.namespaces():
+        for name in self._names.names():
             if self.live(name) is not None:
                 out.append(name)
         return out
@@ -170,44 +197,34 @@ class NamespaceKeys:
         return next_cursor, [name for _, name in batch if self.live(name) is not None]
 
     def _sorted(self) -> list[tuple[int, bytes]]:
-        store = self._store
-        if self._order is None or self._order_epoch != store.namespace_epoch:
-            self._order = sorted((cursor_hash(name), name) for name in store.namespaces())
-            self._order_epoch = store.namespace_epoch
+        names = self._names
+        if self._order is None or self._order_epoch != names.epoch:
+            self._order = sorted((cursor_hash(name), name) for name in names.names())
+            self._order_epoch = names.epoch
         return self._order
 
     # -- deletion ----------------------------------------------------------------------------------
 
     def delete(self, name: bytes) -> bool:
         """DEL: the namespace is gone at once; pinned pages go when their leases end. False if absent."""
-        store = self._store
-        rec = store._ns.get(name)
+        rec = self._records.get(name)
         if rec is None or not rec.holds_anything:
             return False
-        if store.touched is not None:
-            store.touched(name)
-        store.evict_all(name)
-        if store._ns.get(name) is not rec:  # nothing was pinned: it is retired already
+        listeners = self._listeners
+        if listeners.touched is not None:
+            listeners.touched(name)
+        self._evictor.evict_all(name)
+        if self._records.get(name) is not rec:  # nothing was pinned: it is retired already
             return True
-        if store.events is not None:  # KV events: the pages leases keep are gone for lookups
+        if listeners.events is not None:  # KV events: the pages leases keep are gone for lookups
             for tree in rec.trees.values():
-                announce_deleted(store.events, tree)
+                announce_deleted(listeners.events, tree)
         tomb = Tombstone(name)
-        del store._ns[name]
-        store._index_of(rec).forget_scope(name)
-        rec.name = tomb
         rec.deleted = True
         rec.expires_at = None
-        for tree in rec.trees.values():
-            tree.scope = tomb
-        for lease in store._leases:
-            if lease.scope == name:
-                lease.scope = tomb
-        for plan in store._plans.values():
-            if plan.ns == name:
-                plan.ns = tomb
-        store._ns[tomb] = rec
-        store.namespace_epoch += 1
+        self._names.rename(rec, tomb)
+        self._leases.rename_scope(name, tomb)
+        self._plans.rename(name, tomb)
         return True
 
     # -- expiry ------------------------------------------------------------------------------------
@@ -224,8 +241,9 @@ class NamespaceKeys:
         if when_ms is not None and when_ms <= self.now_ms():
             self.expired += 1
             return self.delete(name)
-        if self._store.touched is not None and (when_ms is not None or rec.expires_at is not None):
-            self._store.touched(name)
+        touched = self._listeners.touched
+        if touched is not None and (when_ms is not None or rec.expires_at is not None):
+            touched(name)
         rec.expires_at = when_ms
         if when_ms is not None:
             heapq.heappush(self._deadlines, (when_ms, next(self._seq), name))
@@ -238,7 +256,7 @@ class NamespaceKeys:
         heap = self._deadlines
         while heap and heap[0][0] <= now and done < limit:
             when, _, name = heapq.heappop(heap)
-            rec = self._store._ns.get(name)
+            rec = self._records.get(name)
             if rec is not None and rec.expires_at == when:  # not persisted, re-set or recreated since
                 self.expired += 1
                 self.delete(name)
@@ -248,7 +266,7 @@ class NamespaceKeys:
     def volatile(self) -> tuple[int, int]:
         """INFO keyspace's ``expires`` and ``avg_ttl``: namespaces with an expiry, their mean TTL in ms."""
         now = self.now_ms()
-        left = [rec.expires_at - now for rec in self._store._ns.values()
+        left = [rec.expires_at - now for rec in self._records.values()
                 if rec.expires_at is not None and not rec.deleted]
         return len(left), (sum(max(0, x) for x in left) // len(left) if left else 0)
 
@@ -287,8 +305,7 @@ class NamespaceKeys:
         rec = self.live(name)
         if rec is None:
             return None
-        store = self._store
         pages = rec.pages
         nodes = sum(tree.nodes for tree in rec.trees.values())
         return (RECORD_OVERHEAD + len(name) + nodes * NODE_OVERHEAD
-                + pages * (store.block_bytes + store.page_bytes + PAGE_OVERHEAD))
+                + pages * (self._block_bytes + self._page_bytes + PAGE_OVERHEAD))

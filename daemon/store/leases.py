@@ -21,8 +21,10 @@ says nothing about how many leases others took, and a stale one names another
 lease only by a 1 in 2**63 draw, and then only one of the same owner (every use
 of an id checks the owner).
 
-This module only keeps the table (ids, owners, deadlines); the store performs
-the unpinning and freeing when a lease ends.
+``LeaseTable`` keeps the table (ids, owners, deadlines); ``Leases``, the store's
+part, takes and ends leases on it: it counts them in their namespace and tenant
+quota, holds the index of which ALLOC lease holds each fresh block, enforces
+client-lease-limit, and unpins or frees what a lease held when it ends.
 """
 
 from __future__ import annotations
@@ -32,7 +34,15 @@ import itertools
 import math
 import os
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from .arguments import integer
+from .errors import BadRequest
+
+if TYPE_CHECKING:
+    from .evictions import Evictor
+    from .namespaces import Namespace, Namespaces
 
 #: Random ids drawn per refill of the id pool (one os.urandom call per this many leases).
 ID_BATCH = 4096
@@ -190,3 +200,194 @@ class LeaseTable:
             if lease.deadline != math.inf and lease.id not in in_heap:
                 problems.append(f"lease {lease.id} has a deadline but no heap entry")
         return problems
+
+
+class Leases:
+    """The store's leases: taking them, renewing, releasing and expiring them, and what ending one frees.
+
+    ``table`` holds the leases; ``leased_by`` maps each block an ALLOC lease holds to that
+    lease's id (what checks a BLOCKS-mode commit). ``ttl_ms`` (lease-ttl), ``max_per_owner``
+    (client-lease-limit, 0: none) and ``fence_expired`` (see the module docstring) may be
+    changed at any time.
+    """
+
+    def __init__(self, *, namespaces: Namespaces, allocator, evictor: Evictor, clock: Callable[[], float],
+                 nblocks: int, ttl_ms: int, max_per_owner: int = 0, fence_expired: bool = False) -> None:
+        self._names = namespaces
+        self._records = namespaces.records
+        self._alloc = allocator
+        self._evictor = evictor
+        self._clock = clock
+        self._nblocks = nblocks
+        self.table = LeaseTable()
+        self.leased_by: dict[int, int] = {}  # block -> id of the ALLOC lease holding it
+        self.ttl_ms = ttl_ms
+        self.max_per_owner = max_per_owner
+        self.fence_expired = fence_expired
+
+    # -- taking ---------------------------------------------------------------------------------
+
+    def deadline(self, ttl_ms) -> float:
+        """The clock time ``ttl_ms`` from now (None: lease-ttl; 0: never)."""
+        ttl = self.ttl_ms if ttl_ms is None else integer(ttl_ms, "the lease TTL (ms)", 0)
+        return math.inf if ttl == 0 else self._clock() + ttl / 1000.0
+
+    def check_room(self, owner: int, quota, blocks: int) -> None:
+        """Refuse one more lease of ``blocks`` blocks for ``owner``: past client-lease-limit
+        (BadRequest) or the tenant's quota (OutOfMemory). O(1)."""
+        limit = self.max_per_owner
+        if limit and self.table.count_of(owner) >= limit:
+            raise BadRequest(f"this connection holds {limit} leases, its limit (client-lease-limit): "
+                             f"release some first")
+        if quota is not None:
+            quota.check_lease(blocks)
+
+    def take_read(self, owner: int, rec: Namespace, deadline: float, node, blocks: list[int]) -> int:
+        """A READ lease of ``owner`` on ``node`` (pinned by the caller), whose path holds ``blocks``; its id."""
+        lease_id = self.table.new(owner, READ, rec.name, deadline, node, blocks).id
+        rec.leases += 1
+        if rec.quota is not None:
+            rec.quota.leases += 1
+            rec.quota.leased += len(blocks)
+        return lease_id
+
+    def take_alloc(self, owner: int, rec: Namespace, deadline: float, blocks: list[int]) -> Lease:
+        """An ALLOC lease of ``owner`` holding ``blocks`` (fresh, state LEASED)."""
+        lease = self.table.new(owner, ALLOC, rec.name, deadline, None, dict.fromkeys(blocks))
+        for b in blocks:
+            self.leased_by[b] = lease.id
+        rec.leases += 1
+        if rec.quota is not None:
+            rec.quota.leases += 1
+            rec.quota.leased += len(blocks)
+        return lease
+
+    # -- blocks handed to an insert ---------------------------------------------------------------
+
+    def given_blocks(self, blocks, count: int, owner: int) -> list[tuple[int, Lease]]:
+        """Check the block ids a BLOCKS-mode insert gives, one per page: each held by a live ALLOC
+        lease of ``owner``, none twice. Returns (block, its lease) pairs; BadRequest otherwise."""
+        try:
+            blocks = list(blocks)
+        except TypeError:
+            raise BadRequest("blocks must be a sequence of block ids") from None
+        if len(blocks) != count:
+            raise BadRequest(f"{len(blocks)} block ids given for {count} pages")
+        seen = set()
+        out = []
+        for b in blocks:
+            integer(b, "a block id", 0, self._nblocks - 1)
+            if b in seen:
+                raise BadRequest(f"block {b} given twice")
+            seen.add(b)
+            lease = self.table.find(self.leased_by.get(b, 0))
+            if lease is None or lease.owner != owner:
+                raise BadRequest(f"block {b} is not held by an allocation lease of this connection")
+            if lease.fenced:
+                raise BadRequest(f"the allocation lease of block {b} expired: its TTL passed before the commit "
+                                 f"(release it, allocate again)")
+            out.append((b, lease))
+        return out
+
+    def hand_over(self, given: list[tuple[int, Lease]]) -> list[int]:
+        """Move the checked ``given`` blocks out of their leases (into an insert plan); returns the
+        id of each one's lease, for ``take_back``."""
+        for b, lease in given:
+            del lease.blocks[b]
+            del self.leased_by[b]
+            self._leased_changed(lease, -1)
+        return [lease.id for _, lease in given]
+
+    def take_back(self, blocks: Iterable[int], sources: Iterable[int]) -> None:
+        """Give blocks an aborted insert took back to the leases they came from (``sources``), or
+        free them where that lease has ended."""
+        orphans = []
+        for b, lease_id in zip(blocks, sources):
+            lease = self.table.get(lease_id)
+            if lease is None:
+                orphans.append(b)
+            else:
+                lease.blocks[b] = None
+                self.leased_by[b] = lease_id
+                self._leased_changed(lease, 1)
+        self._alloc.release(orphans)
+
+    def _leased_changed(self, lease: Lease, blocks: int) -> None:
+        quota = self._records[lease.scope].quota
+        if quota is not None:
+            quota.leased += blocks
+
+    def rename_scope(self, old: bytes, new: bytes) -> None:
+        """Count the leases of namespace ``old`` under ``new`` (a deleted namespace's tombstone). O(leases)."""
+        for lease in self.table:
+            if lease.scope == old:
+                lease.scope = new
+
+    # -- ending ---------------------------------------------------------------------------------
+
+    def _end(self, lease: Lease) -> None:
+        self.table.remove(lease)
+        rec = self._records[lease.scope]
+        rec.leases -= 1
+        if rec.quota is not None:
+            rec.quota.leases -= 1
+            rec.quota.leased -= len(lease.blocks)
+        if lease.kind == READ:
+            lease.node.tree.unpin(lease.node)
+            lease.node.tree.index.released(lease.id)  # (guard's miniatures held their hits under it too)
+        else:
+            freed = list(lease.blocks)
+            for b in freed:
+                del self.leased_by[b]
+            self._alloc.release(freed)
+        if rec.deleted:
+            self._evictor.sweep_deleted(rec)
+        self._names.retire_if_empty(rec)
+
+    def renew(self, lease_id: int, owner: int, ttl_ms: int | None = None) -> bool:
+        """Give a lease of ``owner`` a new deadline, ``ttl_ms`` from now (None: lease-ttl, 0: none);
+        False when the lease is gone."""
+        lease = self.table.get(lease_id)
+        if lease is None or lease.owner != owner:
+            return False
+        self.table.set_deadline(lease, self.deadline(ttl_ms))
+        return True
+
+    def release(self, lease_ids, owner: int) -> int:
+        """End the given leases of ``owner``; returns how many were live (others', unknown and fenced
+        ids count 0: a fenced lease's blocks go back now, but its holder must learn it was too late)."""
+        if isinstance(lease_ids, int):
+            lease_ids = [lease_ids]
+        count = 0
+        for lease_id in lease_ids:
+            lease = self.table.find(lease_id) if isinstance(lease_id, int) else None
+            if lease is not None and lease.owner == owner:
+                count += not lease.fenced
+                self._end(lease)
+        return count
+
+    def release_owner(self, owner: int, limit: int | None = None) -> int:
+        """End the leases of ``owner``, fenced ones too, at most ``limit`` of them; returns how many."""
+        leases = self.table.of_owner(owner, limit)
+        for lease in leases:
+            self._end(lease)
+        return len(leases)
+
+    def holds(self, owner: int) -> bool:
+        """Whether ``owner`` holds any lease, fenced ones included."""
+        return self.table.owns(owner)
+
+    def expire(self) -> int:
+        """End (or, with fence_expired, fence) every lease past its deadline; O(log n) per lease.
+        Returns how many."""
+        due = self.table.due(self._clock())
+        for lease in due:
+            if self.fence_expired:
+                self.table.fence(lease)
+            else:
+                self._end(lease)
+        return len(due)
+
+    def next_expiry(self) -> float:
+        """Clock time of the earliest lease deadline (inf if none)."""
+        return self.table.next_deadline()

@@ -1,4 +1,4 @@
-"""The ``lhd`` eviction policy: evict the candidate of least hit density (LHD, with explorers).
+"""The ``lhd`` eviction order, one of the guard's experts: evict the candidate of least hit density.
 
 LHD (Beckmann, Chen and Cidon, "LHD: Improving Cache Hit Rate by Maximizing
 Hit Density", NSDI 2018) ranks an object by what it is expected to give per
@@ -21,9 +21,8 @@ Here:
   child since is pushed again when the child is evicted);
 * its class: hits so far (0, 1, 2, 3+), its pages (log2: 1, 2-3, .. 32+) and
   its turns (log2 of 1 + its parent's turns: a conversation's depth in new
-  contents). On the shared Mooncake trace the share of requests whose
-  conversation comes back falls from 0.50 (one new page) to 0.22 (16 or
-  more) and rises from 0.39 (second turn) to 0.78 (seventh and later);
+  contents), since whether a conversation comes back depends on how much a
+  turn added and on how deep the conversation already is;
 * histograms of hits and evictions per class and age (4 buckets per octave),
   decayed by DECAY and turned into densities every RECOMPUTE events (numpy:
   O(classes x buckets), bounded); a class with fewer than MIN_EVENTS events
@@ -40,9 +39,10 @@ Here:
 
 Cost: O(1) per access (an append), O(SAMPLES) per eviction, O(classes x
 buckets) numpy work every RECOMPUTE events. Memory: a small tuple per node
-(``Node.lhd``), CLASSES x AGE_BUCKETS floats twice. Per-namespace instances
-(EVICT commands) draw from their own array and rank by the global instance's
-densities.
+(its ``policy_data``: class, freq, turns, explorer), CLASSES x AGE_BUCKETS
+floats twice. Per-namespace instances (EVICT commands) draw from their own
+array and rank by the global instance's densities. Not a ``maxmemory-policy``
+choice on its own (registry.py).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from array import array
 import numpy as np
 
 from .policies import ORDER_ENTRY_BYTES
+from .policy import OWN, NodeState, Policy
 
 SAMPLES = 32  # candidates drawn per eviction (LHD's associativity)
 RECOMPUTE = 512  # events (hits, evictions) between two recomputations of the densities
@@ -68,7 +69,7 @@ MAX_BITS = 26  # ages up to 2**26 ticks; older ones share the last bucket
 AGE_BUCKETS = 8 + 4 * (MAX_BITS - 3)
 MIN_EVENTS = 32.0  # a class with fewer (weighted) events ranks by the pooled densities
 _COMPACT_SLACK = 64
-NODE_BYTES = 72  # Node.lhd, a 4-tuple (INFO's used_memory_policy; policy_memory measures it)
+NODE_BYTES = 72  # a node's 4-tuple (INFO's used_memory_policy; research.policy_memory measures it)
 EXPLORE_ONE_IN = 32  # a new leaf (a new conversation) explores with probability 1 / 32 ...
 EXPLORE_SHARE = 0.05  # ... while explorers are at most 5 % of the candidates ...
 EXPLORE_REACH = 4.0  # ... and it is not evicted before 4 x the typical eviction age (unless all drawn are)
@@ -200,15 +201,21 @@ class HitDensityModel:
         self.table = [array("d", row) for row in table.tolist()]
 
 
-class LHDPolicy:
+class LHDPolicy(Policy):
     """Evict the least hit-dense of SAMPLES drawn candidates; see the module docstring."""
 
     name = "lhd"
+    summary = ("the least hit density: hits per tick expected from a leaf's age on, learned per class of "
+               "hits, pages and turns from what became of earlier leaves, among 32 drawn candidates")
     scope_shares_order = False  # a namespace's instance draws from its own candidates
 
-    def __init__(self, model: HitDensityModel | None = None, scoped: bool = False) -> None:
+    def __init__(self, model: HitDensityModel | None = None, scoped: bool = False, state: NodeState = OWN) -> None:
+        """``state``: where the node state lives (the guard runs lhd as one of its experts)."""
         self.model = model if model is not None else HitDensityModel()
         self.scoped = scoped
+        self.state = state
+        self._data = state.get  # a node's (class, freq, turns, explorer) as of its latest push, or None
+        self._keep = state.put
         # (seq, version, node), laid out as the heap policies' entries: live while version is the node's
         self._candidates: list[tuple] = []
         self._seq = itertools.count()  # (guard shares one number per push among its orders: SharedSeq)
@@ -217,7 +224,7 @@ class LHDPolicy:
 
     def for_scope(self) -> LHDPolicy:
         """The instance for one namespace's index: the same densities and clock, no learning."""
-        return LHDPolicy(self.model, scoped=True)
+        return LHDPolicy(self.model, scoped=True, state=self.state)
 
     def describe(self) -> dict:
         return {"lhd_recomputations": self.model.epoch}
@@ -235,21 +242,21 @@ class LHDPolicy:
             model = self.model
             if tick > model.now:
                 model.now = tick
-            data = node.lhd
+            data = self._data(node)
             if data is not None:
                 if node.freq != data[1]:
                     if node.gap:  # hit since its last push (maybe while it had children), at age node.gap
                         model.hit(data[0], node.gap)
-                    node.lhd = (classify(node.freq, len(node.blocks), data[2]), node.freq, data[2], data[3])
+                    self._keep(node, (classify(node.freq, len(node.blocks), data[2]), node.freq, data[2], data[3]))
             else:
-                prev = node.parent.lhd if node.parent is not None else None
+                prev = self._data(node.parent) if node.parent is not None else None
                 turns = prev[2] + 1 if prev is not None else 1
                 explorer = False
                 if not node.freq and not node.children and model.explorers < EXPLORE_SHARE * self.live:
                     # a new leaf: explores when it continues an explorer, or by a draw
                     explorer = (prev is not None and prev[3]) or self._rng.random() * EXPLORE_ONE_IN < 1.0
                     model.explorers += explorer
-                node.lhd = (classify(node.freq, len(node.blocks), turns), node.freq, turns, explorer)
+                self._keep(node, (classify(node.freq, len(node.blocks), turns), node.freq, turns, explorer))
         self._candidates.append((next(self._seq), node.version, node))
         self.live += 1
 
@@ -291,7 +298,7 @@ class LHDPolicy:
         seq, _, node = entry
         model = self.model
         age = model.now - node.tick
-        data = node.lhd
+        data = self._data(node)
         if data is None:
             density = 0.0
         elif data[3] and age < EXPLORE_REACH * model.eviction_age:
@@ -299,6 +306,9 @@ class LHDPolicy:
         else:
             density = model.table[data[0]][age_bucket(age)]
         return (density, -age, seq)
+
+    def split(self, top, child, pages: int) -> None:
+        """The upper part of a cut edge starts with no state of its own (its class is set when pushed)."""
 
     def nodes(self) -> list:
         return [e[2] for e in self._candidates if e[1] == e[2].version]
@@ -309,7 +319,7 @@ class LHDPolicy:
     def evicted(self, node, whole: bool) -> None:
         """A ``whole`` evicted leaf counts as an eviction at its age (a trimmed one is still there)."""
         if whole and not self.scoped:
-            data = node.lhd
+            data = self._data(node)
             if data is not None:
                 model = self.model
                 age = max(model.now - node.tick, 0)

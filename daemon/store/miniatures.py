@@ -22,10 +22,11 @@ import zlib
 
 import numpy as np
 
+from .policy import NodeState
 from .radix import RadixTree, Totals
 
 # what INFO's used_memory_policy counts for a miniature's node: the object, its key, blocks, children and
-# ints (pfxcache.tools.policy_memory measures it, CPython 3.11)
+# ints (research.policy_memory measures it, CPython 3.11)
 MINI_NODE_BYTES = 520
 
 _MASK32 = np.uint64(0xFFFFFFFF)
@@ -60,9 +61,13 @@ def _unmix(x: int) -> int:
 
 
 class PageSampler:
-    """Which pages of a prompt are in the sample, and their identities as one-token pages."""
+    """Which pages of a prompt are in the sample, and their identities as one-token pages.
 
-    def __init__(self, page_bytes: int, rate: float) -> None:
+    ``hashes``: where a radix node keeps its pages' identities (path_hashes caches them there).
+    """
+
+    def __init__(self, page_bytes: int, rate: float, hashes: NodeState | None = None) -> None:
+        self.hashes = hashes
         self.page_bytes = page_bytes
         self.page_tokens = page_bytes // 4
         self.rate = rate
@@ -106,9 +111,10 @@ class PageSampler:
     def path_hashes(self, scope: bytes, node) -> np.ndarray:
         """hash_pages() of the path from the root to radix node ``node``, from the hashes cached on its nodes.
 
-        Each node keeps its pages' (``Node.sample_hashes``; splits and trims cut it with the pages),
-        filled in on first use: a lookup that hits cached pages hashes only the pages it misses.
+        Each node keeps its pages' (in ``hashes``; the policy cuts them with the pages on a split or a
+        trim), filled in on first use: a lookup that hits cached pages hashes only the pages it misses.
         """
+        cached, keep = self.hashes.get, self.hashes.put
         nodes = []
         while node.parent is not None:
             nodes.append(node)
@@ -116,10 +122,11 @@ class PageSampler:
         parts = []
         depth = 0
         for node in reversed(nodes):
-            part = node.sample_hashes
+            part = cached(node)
             if part is None:
                 carry = self.carry_after(parts[-1]) if parts else self.seed(scope)
-                part = node.sample_hashes = self.hash_pages(node.key, depth, carry)
+                part = self.hash_pages(node.key, depth, carry)
+                keep(node, part)
             parts.append(part)
             depth += len(part)
         if len(parts) == 1:
@@ -158,9 +165,14 @@ class _MiniIndex:
 
     def __init__(self, factory) -> None:
         self.all = factory()
-        self._evicted = getattr(self.all, "evicted", None)
         self._push = self.all.push  # bound once: every miniature touch calls these twice per node
         self._drop = self.all.drop
+        self.evicted = self.all.evicted
+        self.split = self.all.split
+        self.trimmed = self.all.trimmed
+
+    def attach(self, tree) -> None:
+        """A miniature never switches policy: nothing to keep."""
 
     def add(self, node, uncovered: bool = False) -> None:
         node.version += 1
@@ -171,10 +183,6 @@ class _MiniIndex:
         node.version += 1
         node.evictable = False
         self._drop()
-
-    def evicted(self, node, whole: bool) -> None:
-        if self._evicted is not None:
-            self._evicted(node, whole)
 
     def best(self):
         return self.all.peek(0.0)

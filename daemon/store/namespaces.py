@@ -1,8 +1,24 @@
-"""A namespace's record in the store: its radix trees (one per shard) and its counters."""
+"""Namespaces in the store: each one's record (radix trees, one per shard, and counters) and the table of them.
+
+A namespace has one radix tree per shard; the shard of a sequence is a stable hash of
+(namespace, first page), so a sequence and all its prefixes live in one tree (``shard_of``).
+A record exists while its namespace holds a page, a lease or an insert in flight; the table
+retires an empty one at once, adding its counters to ``retired`` so that the global counters
+still add up without a record per name that ever was. A record is filed, when it is made,
+under the arena partition and the tenant quota its name falls under.
+"""
 
 from __future__ import annotations
 
+import zlib
+from typing import TYPE_CHECKING
+
 from .radix import RadixTree
+
+if TYPE_CHECKING:
+    from .inserts import PlansInFlight
+    from .partitions import ArenaPartitions
+    from .quotas import QuotaBook
 
 # The counters every namespace keeps and the store also keeps globally; their sums must agree.
 COUNTERS = ("hits", "misses", "evictions", "inserts", "stored")
@@ -53,3 +69,80 @@ class Namespace:
         """Add ``other``'s counters to these (a retired namespace's totals live on here)."""
         for field in COUNTERS:
             setattr(self, field, getattr(self, field) + getattr(other, field))
+
+
+class Namespaces:
+    """The records of the namespaces that exist, by name, and the counters of those that no longer do."""
+
+    def __init__(self, page_bytes: int, shards: int, partitions: ArenaPartitions, plans: PlansInFlight,
+                 quotas: QuotaBook) -> None:
+        self._page_bytes = page_bytes
+        self._shards = shards
+        self._partitions = partitions
+        self._plans = plans
+        self.records: dict[bytes, Namespace] = {}
+        #: Counters of namespaces that no longer exist (emptied by EVICT ALL or FLUSHALL) or never
+        #: did (a PFXGET of an unknown key).
+        self.retired = Namespace(b"")
+        #: The tenant rules in force (quotas.py): which one a new record falls under.
+        self.quotas = quotas
+        self.epoch = 0  # changes whenever a namespace appears or goes (SCAN's order cache)
+
+    def shard_of(self, name: bytes, tokens: bytes) -> int:
+        """The shard of packed ``tokens`` in namespace ``name``: crc32 of (name, first page) mod shards."""
+        if self._shards == 1:
+            return 0
+        return zlib.crc32(tokens[: self._page_bytes], zlib.crc32(name)) % self._shards
+
+    def create(self, name: bytes) -> Namespace:
+        """A new, empty record for ``name`` (replacing any there), filed under its partition and quota."""
+        rec = self.records[name] = Namespace(name)
+        if self.quotas:
+            rec.quota = self.quotas.of(name)
+        if self._partitions.parts:
+            rec.part = self._partitions.part_of(name)
+        self.epoch += 1
+        return rec
+
+    def quota_of(self, name: bytes):
+        """The tenant quota namespace ``name`` falls under (None: none)."""
+        return self.quotas.of(name) if self.quotas else None
+
+    def tree(self, rec: Namespace, shard: int) -> RadixTree:
+        """The namespace's tree of ``shard``, made on first use over its partition's index and counters."""
+        tree = rec.trees.get(shard)
+        if tree is None:
+            part = rec.part
+            if part is None:
+                index, totals = self._partitions.index, self._partitions.totals
+            else:
+                index, totals = part.index, part.totals
+            tree = rec.trees[shard] = RadixTree(self._page_bytes, index, totals, rec.name, shard)
+        return tree
+
+    def names(self) -> list[bytes]:
+        """Names of the namespaces that hold pages or leases (Redis's keys), sorted."""
+        return sorted(name for name, rec in self.records.items() if rec.holds_anything and not rec.deleted)
+
+    def retire_if_empty(self, rec: Namespace) -> None:
+        """Forget a namespace that holds no page, lease or insert in flight (its counters stay in the totals)."""
+        if rec.holds_anything:
+            return
+        if self.records.get(rec.name) is not rec or self._plans.holds(rec.name):
+            return
+        self.retired.absorb(rec)
+        del self.records[rec.name]
+        self._partitions.index_of(rec).forget_scope(rec.name)
+        self.epoch += 1
+
+    def rename(self, rec: Namespace, new: bytes) -> None:
+        """File ``rec`` under ``new`` (a deleted namespace's tombstone): its trees follow, and the
+        eviction index forgets what it knew under the old name."""
+        old = rec.name
+        del self.records[old]
+        self._partitions.index_of(rec).forget_scope(old)
+        rec.name = new
+        for tree in rec.trees.values():
+            tree.scope = new
+        self.records[new] = rec
+        self.epoch += 1

@@ -10,9 +10,10 @@ worker the memory of its partition and of nothing else.
 Each partition has its own allocator over its range (one state array for the whole arena),
 its own eviction index (the policy in force, run over that partition's candidates) and its
 own page counters. A full partition evicts its own pages, by policy; it never takes a block
-of another partition, and no other namespace ever gets one of its blocks. The store (a mixin
-here: :class:`StorePartitions`) asks a namespace's partition where it would ask the global
-allocator, index or counters; with no partitions configured none of this exists.
+of another partition, and no other namespace ever gets one of its blocks. The store's part
+:class:`ArenaPartitions` holds the whole arena's allocator, index and counters and the
+partitions' own; the store asks a namespace's partition where it would ask the whole arena's,
+and with no partitions configured there is only the whole arena's.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ import numpy as np
 
 from .allocator import STATE_NAMES, TREE, BlockAllocator
 from .errors import BadRequest
+from .policies import EvictionIndex
 from .radix import Totals
+from .registry import POLICIES
 
 #: The pattern the remainder is reported under (it takes every namespace no partition matches).
 REMAINDER = b"*"
@@ -189,78 +192,104 @@ class PartitionedAllocator:
         return [f"{part!r}: {problem}" for part in self.parts for problem in part.alloc.check()]
 
 
-class StorePartitions:
-    """The store's side of the partitions: a mixin of :class:`~.store.PrefixStore` (the
-    attributes it uses are the store's). ``self.parts`` is empty when none are configured,
-    and every namespace record's ``part`` is then None."""
+class ArenaPartitions:
+    """Where each namespace's blocks come from and which eviction index orders its pages.
 
-    def _set_partitions(self, sizes: Sequence[tuple[bytes, int]], match: Callable[[bytes, bytes], bool] | None,
-                        make_index: Callable[[int], object], align: int = 1) -> None:
+    Holds the whole arena's allocator, eviction index and page counters (``alloc``, ``index``,
+    ``totals``) and, when partitions are configured, each partition's own (``parts``, the
+    remainder last; ``alloc`` then spans them all and ``index`` is the remainder's, which
+    namespace-less evictions use). With none configured ``parts`` is empty and a namespace's
+    ``part`` is None: the store then asks the whole arena's allocator, index and counters.
+    """
+
+    def __init__(self, nblocks: int, *, policy: str, page_bytes: int, sizes: Sequence[tuple[bytes, int]] = (),
+                 match: Callable[[bytes, bytes], bool] | None = None, align: int = 1) -> None:
+        if policy not in POLICIES:
+            raise BadRequest(f"unknown eviction policy {policy!r} (known: {', '.join(POLICIES)})")
+        self.nblocks = nblocks
+        self.totals = Totals()
+        self.alloc: BlockAllocator | PartitionedAllocator = BlockAllocator(nblocks)
+        self.index = EvictionIndex(POLICIES[policy], capacity=nblocks, page_bytes=page_bytes)
         self.parts: list[Partition] = []
         if not sizes:
             return
         # The daemon passes Redis's glob (stringmatchlen), as for tenant quotas.
-        self._part_match = match or (lambda pattern, name: fnmatchcase(name, pattern))
-        state = bytearray(self.nblocks)
-        for number, (pattern, first, count) in enumerate(plan_layout(sizes, self.nblocks, align)):
+        self._match = match or (lambda pattern, name: fnmatchcase(name, pattern))
+        state = bytearray(nblocks)
+        for number, (pattern, first, count) in enumerate(plan_layout(sizes, nblocks, align)):
             alloc = BlockAllocator(count, first=first, state=state)
-            self.parts.append(Partition(number, pattern, first, count, alloc, make_index(count),
-                                        PartitionTotals(self._totals)))
-        self._alloc = PartitionedAllocator(self.parts, state)
-        self._index = self.parts[-1].index  # the remainder's: namespace-less evictions use it
+            index = EvictionIndex(POLICIES[policy], capacity=count, page_bytes=page_bytes)
+            self.parts.append(Partition(number, pattern, first, count, alloc, index, PartitionTotals(self.totals)))
+        self.alloc = PartitionedAllocator(self.parts, state)
+        self.index = self.parts[-1].index  # the remainder's: namespace-less evictions use it
 
-    def _part_of(self, name: bytes) -> Partition | None:
+    def part_of(self, name: bytes) -> Partition | None:
         """The partition namespace ``name`` stores into (None: there are no partitions)."""
         if not self.parts:
             return None
         for part in self.parts[:-1]:
-            if self._part_match(part.pattern, name):
+            if self._match(part.pattern, name):
                 return part
         return self.parts[-1]
 
-    def _index_of(self, rec):
+    def index_of(self, rec):
         """The eviction index holding a namespace's candidates."""
-        return self._index if rec.part is None else rec.part.index
+        return self.index if rec.part is None else rec.part.index
 
-    def _foreign_blocks(self, part: Partition | None, blocks: Iterable[int]) -> int | None:
+    @staticmethod
+    def _foreign_blocks(part: Partition | None, blocks: Iterable[int]) -> int | None:
         """The first of ``blocks`` outside ``part`` (None: all inside, or no partitions)."""
         if part is None:
             return None
         return next((b for b in blocks if not part.first <= b < part.end), None)
 
-    def _given_in(self, part: Partition, given) -> None:
+    def refuse_foreign(self, part: Partition, blocks: Iterable[int]) -> None:
         """Refuse (BadRequest) committing into a namespace of ``part`` blocks allocated elsewhere."""
-        outside = self._foreign_blocks(part, (b for b, _ in given))
+        outside = self._foreign_blocks(part, blocks)
         if outside is not None:
             raise BadRequest(f"block {outside} is not in the arena partition of this namespace "
                              f"('{part.name}'): allocate its blocks with PFXALLOC on this key")
 
-    def _candidates_by_index(self) -> list[tuple[object, list]]:
-        """Every eviction index (one per partition, or the store's) with the unpinned leaves it indexes."""
-        indexes = [part.index for part in self.parts] or [self._index]
-        candidates: dict[int, list] = {id(index): [] for index in indexes}
-        for rec in self._ns.values():
-            candidates[id(self._index_of(rec))] += [node for tree in rec.trees.values()
-                                                    for node in tree.subtree(tree.root) if node.evictable]
-        return [(index, candidates[id(index)]) for index in indexes]
+    # -- the policy ---------------------------------------------------------------------------
 
-    def partitions(self) -> list[dict]:
+    @property
+    def policy(self) -> str:
+        """The name of the eviction policy in force."""
+        return self.index.policy
+
+    def set_policy(self, name: str, records: Iterable) -> None:
+        """Rebuild every eviction index (one per partition, or the whole arena's) under policy
+        ``name``, from the unpinned leaves of the namespace ``records``: O(n log n) once."""
+        if name not in POLICIES:
+            raise BadRequest(f"unknown eviction policy {name!r} (known: {', '.join(POLICIES)})")
+        indexes = [part.index for part in self.parts] or [self.index]
+        candidates: dict[int, list] = {id(index): [] for index in indexes}
+        for rec in records:
+            candidates[id(self.index_of(rec))] += [node for tree in rec.trees.values()
+                                                   for node in tree.subtree(tree.root) if node.evictable]
+        for index in indexes:
+            index.rebuild(POLICIES[name], candidates[id(index)])
+
+    # -- figures and invariants ---------------------------------------------------------------
+
+    def describe(self) -> list[dict]:
         """Each partition's range and what it holds (empty: none configured)."""
         return [part.describe() for part in self.parts]
 
-    def check_partitions(self) -> list[str]:
+    def check(self, records: dict, leases: Iterable, plans: Iterable) -> list[str]:
         """Partition invariants: each namespace's trees use its partition's index and counters, every
-        block of a namespace's pages lies in its partition, and each partition's counters add up."""
+        block of a namespace's pages (and of its leases and inserts in flight) lies in its partition,
+        and each partition's counters add up."""
         problems: list[str] = []
         if not self.parts:
             return problems
         pages = {part.number: 0 for part in self.parts}
         unpinned = dict(pages)
-        for rec in self._ns.values():
+        for rec in records.values():
             part = rec.part
-            if part is not self._part_of(rec.name):
+            if part is not self.part_of(rec.name):
                 problems.append(f"namespace {rec.name!r} filed under {part!r}, its pattern says "
-                                f"{self._part_of(rec.name)!r}")
+                                f"{self.part_of(rec.name)!r}")
                 continue
             for tree in rec.trees.values():
                 if tree.index is not part.index or tree.totals is not part.totals:
@@ -271,14 +300,14 @@ class StorePartitions:
                     outside = self._foreign_blocks(part, node.blocks)
                     if outside is not None:
                         problems.append(f"block {outside} of {rec.name!r} lies outside {part!r}")
-        for lease in self._leases:
-            rec = self._ns.get(lease.scope)
+        for lease in leases:
+            rec = records.get(lease.scope)
             if rec is not None:
                 outside = self._foreign_blocks(rec.part, lease.blocks)
                 if outside is not None:
                     problems.append(f"{lease!r} of {lease.scope!r} holds block {outside} outside {rec.part!r}")
-        for plan in self._plans.values():
-            outside = self._foreign_blocks(self._part_of(plan.ns), plan.new_blocks + plan.dup_blocks)
+        for plan in plans:
+            outside = self._foreign_blocks(self.part_of(plan.ns), plan.new_blocks + plan.dup_blocks)
             if outside is not None:
                 problems.append(f"insert plan {plan.id} of {plan.ns!r} holds block {outside} outside its partition")
         for part in self.parts:

@@ -1,11 +1,12 @@
-"""The generic eviction policies (lru, lfu, hybrid, ghost) and the index of eviction candidates.
+"""The generic eviction orders (lru, lfu, hybrid) and the index of eviction candidates.
 
 Candidates are the unpinned leaves of every tree. The radix tree tells the
 index whenever a node enters or leaves that set (or, by leaving and entering
 again, when its priority changes), so picking the next victim never walks the
-tree: it costs O(log n) for lru, lfu and ghost, O(buckets + log n) for
-hybrid. The learned policies live next to what they learn from: ``reuse`` in
-reuse.py, ``guard`` in guard.py; registry.py names them all.
+tree: it costs O(log n) for lru and lfu, O(buckets + log n) for hybrid. What
+the index asks of a policy is policy.EvictionOrder; the learned policies live
+in files of their own (tempo.py, guard.py and guard's experts reuse.py and
+lhd.py); registry.py names them all.
 
 Heaps use lazy deletion: every entry records the node's ``version`` when it was
 pushed; any change bumps the version, so stale entries are recognised and
@@ -21,15 +22,16 @@ every access leaves one.
 A policy instance exists globally (for evictions on allocation and the
 watermark) and per scope (namespace), for EVICT commands on one namespace
 (``for_scope()`` when a policy shares state between the two).
-Policies are looked up in ``registry.POLICIES``; nothing else branches on their names.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import zlib
-from collections import OrderedDict, deque
+import weakref
+from collections import deque
+
+from .policy import EvictionOrder, Policy
 
 _COMPACT_SLACK = 64
 HYBRID_BUCKETS = 33  # freq.bit_length() of 0 .. 2**32-1, capped
@@ -58,16 +60,13 @@ class SharedSeq:
         """One SharedSeq for those of ``orders`` that number pushes with an itertools.count of their own."""
         seq = cls()
         for order in orders:
-            if isinstance(getattr(order, "_seq", None), itertools.count):
+            if isinstance(order._seq, itertools.count):
                 order._seq = seq
         return seq
 
 
-class HeapPolicy:
+class HeapPolicy(Policy):
     """Base of policies whose priority is time-invariant: one lazy heap, smallest key evicted first."""
-
-    name = "abstract"
-    scope_shares_order = False  # see LRUPolicy
 
     def __init__(self) -> None:
         # Entries are (key..., seq, version, node); seq is unique, so two entries never compare nodes.
@@ -159,6 +158,7 @@ class LRUPolicy(HeapPolicy):
     """Least recently used first."""
 
     name = "lru"
+    summary = "least recently used"
     # A namespace's own instance evicts exactly as this one does (keys from the node, ties by
     # push order, no state of its own): while one namespace has candidates, both can be this one.
     scope_shares_order = True
@@ -172,6 +172,7 @@ class LFUPolicy(HeapPolicy):
     """Least frequently hit first; the older of equally frequent nodes first."""
 
     name = "lfu"
+    summary = "least frequently used, then least recent"
     scope_shares_order = True
 
     @staticmethod
@@ -183,7 +184,7 @@ def _bucket(freq: int) -> int:
     return min(freq.bit_length(), HYBRID_BUCKETS - 1)
 
 
-class BucketedHeaps:
+class BucketedHeaps(Policy):
     """Heaps of ``(key, seq, ..., version, node)`` entries, one per bucket, for scores no single heap can hold.
 
     A subclass files entries with :meth:`_file` and scores the live bucket heads that :meth:`_heads`
@@ -249,6 +250,7 @@ class HybridPolicy(BucketedHeaps):
     """
 
     name = "hybrid"
+    summary = "highest age / (frequency + 1)"
     scope_shares_order = True
 
     def __init__(self) -> None:
@@ -267,97 +269,8 @@ class HybridPolicy(BucketedHeaps):
         return best
 
 
-GHOST_MIN = 4096  # ghost entries kept at least (first-page hashes of evicted leaves)
-GHOST_PER_LEAF = 4  # ... and up to this many per indexed leaf
-GHOST_MAX = 1 << 18  # ... but never more (ghost's ~25 MB; reuse's and tempo's packed records ~45 MB each)
-THRASH_ALPHA = 0.01  # weight of one observation in the thrashing estimate (an EWMA)
-THRASH_ON = 0.5  # insert cold leaves at the LRU end while the estimate is above this
-BIMODAL_SHARE = 1 << 27  # crc32 below this (1 in 32 leaves) still goes in at the MRU end
-GHOST_POLICY_ENTRY_BYTES = 100  # an OrderedDict entry of an int key and None
-
-
-class GhostPolicy(HeapPolicy):
-    """LRU with ghost-guided bimodal insertion: scan- and thrash-resistant, O(log n).
-
-    One lazy heap like LRU, but a leaf that nothing marks as valuable may be
-    placed at the LRU end (key = the key of the last victim) instead of the
-    MRU end, so it is the next to go unless it is hit first. That is the
-    bimodal insertion of Qureshi et al. (ISCA 2007) adapted to a prefix tree:
-
-    * a leaf is a *continuation* when its parent is private to it (the
-      parent's only child, not the root) and was hit (a multi-turn
-      conversation going on), or when the hash of its first page is in the
-      *ghost*: the first pages of recently evicted leaves (a prefix that was
-      cached, evicted too early, and is back). Continuations always go to the
-      MRU end;
-    * the other new leaves go to the LRU end only while the cache *thrashes*:
-      an EWMA over continuations of "it came back through the ghost" (1) vs
-      "it came back as a hit" (0) is above 1/2. A cache that holds its
-      working set sees continuations as hits and behaves exactly like LRU;
-    * even then 1 leaf in 32 (by its first page's crc32) goes in at the MRU
-      end, so new content keeps a way in.
-
-    Priorities depend only on the order of events (never on clock values), so
-    replays through the daemon and in process agree. The ghost is bounded:
-    max(4096, min(4 x indexed leaves, 2**18)) crc32 values, oldest dropped first.
-    """
-
-    name = "ghost"
-    # A namespace's instance has a floor and a ghost of its own, set by its evictions (until the
-    # first, it holds what the global one would give it: the keys of lru, thrash 0).
-    scope_shares_order = False
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._floor = None  # key of the last victim: "the LRU end"
-        self._ghost: OrderedDict[int, None] = OrderedDict()
-        self.thrash = 0.0
-
-    @staticmethod
-    def _first_page(node) -> int:
-        return zlib.crc32(node.key[: node.tree.page_bytes])
-
-    @staticmethod
-    def _continues(node) -> bool:
-        parent = node.parent
-        return (parent is not None and parent.parent is not None and parent.freq > 0
-                and len(parent.children) == 1)
-
-    def push(self, node, uncovered: bool = False) -> None:
-        key = node.last_access
-        if node.freq == 0 and not node.children:  # a leaf never hit: just stored (or a cold parent)
-            h = self._first_page(node)
-            ghost = h in self._ghost
-            continues = self._continues(node)
-            if ghost or continues:
-                self.thrash += THRASH_ALPHA * ((0.0 if continues else 1.0) - self.thrash)
-            elif self.thrash > THRASH_ON and self._floor is not None and h >= BIMODAL_SHARE:
-                key = self._floor
-        self._enqueue((key, next(self._seq), node.version, node))
-        self.live += 1
-
-    def memory_bytes(self, nodes: int, pages: int) -> int:
-        return super().memory_bytes(nodes, pages) + len(self._ghost) * GHOST_POLICY_ENTRY_BYTES
-
-    def peek(self, now: float):
-        entry = self._top()
-        node = entry[-1] if entry is not None else None
-        if node is not None:
-            key = entry[0]
-            if self._floor is None or key > self._floor:
-                self._floor = key
-            h = self._first_page(node)
-            if h not in self._ghost:
-                ghost = self._ghost
-                ghost[h] = None
-                limit = max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX))
-                while len(ghost) > limit:
-                    ghost.popitem(last=False)
-        return node
-
-
 def _ignore(*args) -> None:
-    """What the index calls for policies that do not watch lookups and stores."""
+    """What the index calls for policies that do not watch lookups and stores (nothing)."""
 
 
 def _nothing(now: float) -> None:
@@ -373,28 +286,35 @@ class EvictionIndex:
     the global and the scope structure at once.
     """
 
-    def __init__(self, factory, capacity: int = 0, page_bytes: int = 0) -> None:
+    def __init__(self, factory: type[EvictionOrder], capacity: int = 0, page_bytes: int = 0) -> None:
         self.capacity = capacity  # pages of the store (policies that simulate a cache need it)
         self.page_bytes = page_bytes
+        self.trees: weakref.WeakSet = weakref.WeakSet()  # whose nodes a switch of policy resets
         self._start(factory)
 
-    def _start(self, factory) -> None:
+    def _start(self, factory: type[EvictionOrder]) -> None:
         self.factory = factory
-        sized = getattr(factory, "for_store", None)
-        self.all = sized(self.capacity, self.page_bytes) if sized is not None else factory()
-        self.scopes: dict[bytes, object] = {}
+        self.all: EvictionOrder = factory.for_store(self.capacity, self.page_bytes)
+        self.scopes: dict[bytes, EvictionOrder] = {}
         # While only one namespace has candidates, the global index is its index too: one heap
         # entry per candidate change, not two. ``solo`` names that namespace. A second namespace,
         # or a namespace eviction under a policy whose namespace instances keep state of their
-        # own (``scope_shares_order`` False: ghost's floor), first gives it its own index, built
+        # own (``scope_shares_order`` False: lhd's draws), first gives it its own index, built
         # in push order from the global one: exactly what it would hold had it been kept all along.
-        self._peeks_shared = getattr(factory, "scope_shares_order", False)
+        self._peeks_shared = factory.scope_shares_order
         self.solo: bytes | None = None
         # Policies that watch the request stream (guard) get every lookup and store; others pay nothing.
-        self.looked_up = getattr(self.all, "looked_up", _ignore)
-        self.stored = getattr(self.all, "stored", _ignore)
-        self.released = getattr(self.all, "released", _ignore)
-        self._evicted = getattr(self.all, "evicted", None)
+        observes = factory.observes_requests
+        self.looked_up = self.all.looked_up if observes else _ignore
+        self.stored = self.all.stored if observes else _ignore
+        self.released = self.all.released if observes else _ignore
+        self.evicted = self.all.evicted  # pages of a node are being evicted: its tail, or ``whole`` it
+        self.split = self.all.split  # the tree cut an edge: the policy sets the upper part's state
+        self.trimmed = self.all.trimmed  # a node kept its first pages
+
+    def attach(self, tree) -> None:
+        """``tree`` reports to this index (a switch of policy resets its nodes' state)."""
+        self.trees.add(tree)
 
     @property
     def policy(self) -> str:
@@ -408,17 +328,13 @@ class EvictionIndex:
                     self.solo = scope
                     return None
                 self._unshare()
-            index = self.scopes[scope] = self._new_scoped()
+            index = self.scopes[scope] = self.all.for_scope()
         return index
-
-    def _new_scoped(self):
-        for_scope = getattr(self.all, "for_scope", None)
-        return for_scope() if for_scope is not None else self.factory()
 
     def _unshare(self) -> None:
         """A second namespace gets candidates: the solo one gets its own index, in the same order."""
         scope, self.solo = self.solo, None
-        index = self.scopes[scope] = self._new_scoped()
+        index = self.scopes[scope] = self.all.for_scope()
         for node in self.all.pushed():  # push order: ties break as they would have
             if node.tree.scope == scope:  # (the node being added is the other namespace's)
                 index.push(node)
@@ -436,11 +352,6 @@ class EvictionIndex:
             index = self._scoped(scope)
             if index is not None:
                 index.push(node, uncovered)
-
-    def evicted(self, node, whole: bool) -> None:
-        """Pages of ``node`` are being evicted (by policy or by command): its tail, or ``whole`` it."""
-        if self._evicted is not None:
-            self._evicted(node, whole)
 
     def remove(self, node) -> None:
         """``node`` is no longer an unpinned leaf (pinned, got a child, left the tree, or is being touched)."""
@@ -463,18 +374,11 @@ class EvictionIndex:
 
     def describe(self) -> dict:
         """Policy-specific figures (what a learning policy has learned); empty for the others."""
-        describe = getattr(self.all, "describe", None)
-        return describe() if describe is not None else {}
+        return self.all.describe()
 
     def memory_bytes(self, nodes: int, pages: int) -> int:
-        """About what the policy holds globally and per namespace (INFO's used_memory_policy); 0 for a
-        policy that does not say."""
-        total = 0
-        for policy in (self.all, *self.scopes.values()):
-            estimate = getattr(policy, "memory_bytes", None)
-            if estimate is not None:
-                total += estimate(nodes, pages) if policy is self.all else estimate(0, 0)
-        return total
+        """About what the policy holds globally and per namespace (INFO's used_memory_policy)."""
+        return self.all.memory_bytes(nodes, pages) + sum(index.memory_bytes(0, 0) for index in self.scopes.values())
 
     def best(self, now: float, scope: bytes | None = None):
         """The next victim, globally or within one scope; None when nothing is evictable."""
@@ -503,9 +407,14 @@ class EvictionIndex:
         index = self.scopes.get(scope)
         return index.peek if index is not None else _nothing
 
-    def rebuild(self, factory, nodes) -> None:
-        """Switch policy (a class of the registry): index ``nodes`` (every current candidate) afresh, O(n log n)."""
+    def rebuild(self, factory: type[EvictionOrder], nodes) -> None:
+        """Switch policy (a class of the registry): reset every node's state, then index ``nodes`` (every
+        current candidate) afresh, O(n log n)."""
         self._start(factory)
+        reset = self.all.reset
+        for tree in list(self.trees):
+            for node in tree.subtree(tree.root):
+                reset(node)
         for node in nodes:
             self.add(node)
 

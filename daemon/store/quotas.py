@@ -22,10 +22,13 @@ from collections.abc import Callable, Iterable
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
-from .errors import BadRequest, OutOfMemory
+from .errors import OutOfMemory
 
 if TYPE_CHECKING:
-    from .leases import Lease
+    from .evictions import Evictor
+    from .inserts import PlansInFlight
+    from .leases import LeaseTable
+    from .namespaces import Namespaces
 
 
 class Quota:
@@ -89,53 +92,51 @@ class QuotaBook:
         return None
 
 
-class StoreQuotas:
-    """The store's side of the quotas and of client-lease-limit: a mixin of
-    :class:`~.store.PrefixStore` (the attributes it uses are the store's)."""
+class TenantQuotas:
+    """The store's side of the quotas: putting new rules in force and making room within a tenant's
+    own pages. Which rule a namespace falls under is filed on its record when the record is made
+    (namespaces.py); the counters move with the store's own bookkeeping."""
 
-    def set_quotas(self, quotas: QuotaBook) -> None:
+    def __init__(self, *, namespaces: Namespaces, plans: PlansInFlight, leases: LeaseTable, evictor: Evictor) -> None:
+        self._names = namespaces
+        self._records = namespaces.records
+        self._plans = plans
+        self._leases = leases
+        self._evictor = evictor
+
+    @property
+    def book(self) -> QuotaBook:
+        """The rules in force."""
+        return self._names.quotas
+
+    def set(self, quotas: QuotaBook) -> None:
         """Put new tenant rules in force (CONFIG SET tenant-quota): every namespace is matched again
         and the counters recounted from what is held now. O(namespaces + leases). What a tenant
         already holds past a lowered limit stays; its next insert or lease is held to the limit."""
-        self.quotas = quotas
-        for rec in self._ns.values():
+        self._names.quotas = quotas
+        for rec in self._records.values():
             rec.quota = quotas.of(rec.name) if quotas else None
             if rec.quota is not None:
                 rec.quota.pages += rec.pages
         for plan in self._plans.values():
-            rec = self._ns.get(plan.ns)
+            rec = self._records.get(plan.ns)
             if rec is not None and rec.quota is not None:
                 rec.quota.pages += len(plan.new_blocks)
         for lease in self._leases:
-            quota = self._ns[lease.scope].quota
+            quota = self._records[lease.scope].quota
             if quota is not None:
                 quota.leases += 1
                 quota.leased += len(lease.blocks)
 
-    def _may_lease(self, owner: int, quota, blocks: int) -> None:
-        """Refuse one more lease of ``blocks`` blocks for ``owner``: past client-lease-limit
-        (BadRequest) or the tenant's quota (OutOfMemory). O(1)."""
-        limit = self.max_leases_per_owner
-        if limit and self._leases.count_of(owner) >= limit:
-            raise BadRequest(f"this connection holds {limit} leases, its limit (client-lease-limit): "
-                             f"release some first")
-        if quota is not None:
-            quota.check_lease(blocks)
-
-    def _leased_changed(self, lease: Lease, blocks: int) -> None:
-        quota = self._ns[lease.scope].quota
-        if quota is not None:
-            quota.leased += blocks
-
-    def _quota_evictable(self, quota) -> int:
+    def evictable(self, quota: Quota) -> int:
         """Unpinned pages of the namespaces under ``quota``. O(namespaces)."""
-        return sum(rec.pages - rec.pinned for rec in self._ns.values() if rec.quota is quota)
+        return sum(rec.pages - rec.pinned for rec in self._records.values() if rec.quota is quota)
 
-    def _evict_in_quota(self, quota, name: bytes, over: int) -> None:
+    def make_room(self, quota: Quota, name: bytes, over: int) -> None:
         """Evict ``over`` of the group's own pages by policy, ``name``'s first (the caller checked
         that they are evictable)."""
-        group = [rec for rec in self._ns.values() if rec.quota is quota]
+        group = [rec for rec in self._records.values() if rec.quota is quota]
         for rec in sorted(group, key=lambda r: r.name != name):
             if over <= 0:
                 break
-            over -= self._evict(over, rec.name, "quota")
+            over -= self._evictor.evict(over, rec.name, "quota")

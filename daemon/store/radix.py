@@ -14,7 +14,8 @@ or any descendant is leased, so the unpinned nodes are exactly whole subtrees
 and every unpinned page can be evicted leaf first.
 
 The tree keeps its ``index`` (policies.EvictionIndex) informed of every node
-that enters or leaves the set of unpinned leaves; it never decides what to
+that enters or leaves the set of unpinned leaves, and of every cut edge (the
+policy's node state follows the pages: policy.py); it never decides what to
 evict itself.
 """
 
@@ -66,13 +67,9 @@ class Node:
         "gap",
         "key",
         "last_access",
-        "lhd",
         "lock_ref",
-        "odds",
         "parent",
         "policy_data",
-        "sample_hashes",
-        "tempo",
         "tick",
         "tree",
         "version",
@@ -96,14 +93,11 @@ class Node:
         self.freq = 0  # hits (matches through this node)
         self.tick = tree.totals.ticks if parent is not None else 0  # logical time of the last access
         self.gap = 0  # ticks between the two latest accesses, measured at the latest hit (0: never hit)
-        self.policy_data = None  # owned by the eviction policy (policies.py); None until it sets it
+        # Owned by the eviction policy (policy.py: what it knows of the node); None until it sets it.
+        self.policy_data = None
         self.version = 0  # bumped on every change of eviction-index membership or priority
         self.evictable = False  # mirrors membership in the eviction index
         self.page_hashes = None  # KV events: the pages' block hashes, 8 bytes each (block_hashes.py)
-        self.sample_hashes = None  # guard's sampling identities of the pages, a uint64 array (guard.py)
-        self.tempo = None  # the tempo policy's (pace, freq) of the latest access (tempo.py)
-        self.odds = None  # the odds policy's (class, freq, turn, came back) (odds.py)
-        self.lhd = None  # the lhd policy's (class, freq, turns, explorer) as of its latest push (lhd.py)
 
     @property
     def pages(self) -> int:
@@ -126,6 +120,7 @@ class RadixTree:
         self.pages = 0
         self.unpinned = 0
         self.nodes = 0  # excluding the root
+        index.attach(self)
 
     def _count(self, pages: int, unpinned: int) -> None:
         self.pages += pages
@@ -182,12 +177,10 @@ class RadixTree:
         top.freq = child.freq
         top.tick = child.tick
         top.gap = child.gap
-        top.policy_data = child.policy_data  # the policy's view of the latest access through both
         top.lock_ref = child.lock_ref  # every pin through child also passes through top
         if child.page_hashes is not None:  # each page keeps its block hash
             top.page_hashes, child.page_hashes = child.page_hashes[: m * 8], child.page_hashes[m * 8 :]
-        if child.sample_hashes is not None:
-            top.sample_hashes, child.sample_hashes = child.sample_hashes[:m], child.sample_hashes[m:]
+        self.index.split(top, child, m)  # the policy's state of the upper part (what it keeps per page: cut)
         parent.children[top.key[:P]] = top
         child.key = child.key[cut:]
         child.blocks = child.blocks[m:]
@@ -311,8 +304,7 @@ class RadixTree:
             node.key = node.key[: (n - k) * self.page_bytes]
             if node.page_hashes is not None:  # the kept pages keep their hashes
                 node.page_hashes = node.page_hashes[: (n - k) * 8]
-            if node.sample_hashes is not None:
-                node.sample_hashes = node.sample_hashes[: n - k]
+            self.index.trimmed(node, n - k)
             self._count(-k, -k)
             return freed  # same priority, still a leaf: its index entries stay valid
         freed = node.blocks
@@ -328,7 +320,7 @@ class RadixTree:
         # Stale entries in the policy's orders hold the node until they are dropped or compacted
         # away (five orders under guard): without its pages' bytes, hashes and policy data it is ~300 bytes.
         node.key = b""
-        node.page_hashes = node.sample_hashes = node.policy_data = node.tempo = node.lhd = node.odds = None
+        node.page_hashes = node.policy_data = None
         self.nodes -= 1
         self.pages -= n
         self.unpinned -= n

@@ -1,10 +1,10 @@
-"""The ``reuse`` eviction policy and what it learns: how soon prefixes come back, per class of access.
+"""The ``reuse`` eviction order, one of the guard's experts, and what it learns: how soon prefixes come back.
 
 ReusePolicy reports every access of a prefix and every return (the prefix
 came back, as a hit or through its ghost after eviction); ReuseLearner turns
 those into one boost per class, in ticks, that the policy adds to the access
 time. Plain synchronous code (numpy for the per-class tables): testable on
-its own.
+its own. Not a ``maxmemory-policy`` choice on its own (registry.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import zlib
 
 import numpy as np
 
-from .ghosts import Ghost
-from .policies import GHOST_MAX, GHOST_MIN, GHOST_PER_LEAF, HeapPolicy
+from .ghosts import Ghost, limit
+from .policies import HeapPolicy
+from .policy import OWN, NodeState
 
 GAP_BUCKETS = 48  # half-octave buckets of a reuse gap in ticks: up to 2**24 ticks
 SIZE_BUCKETS = (4, 16, 64)  # pages an access added: < 4, < 16, < 64, more (and a bucket for "not known")
@@ -125,7 +126,10 @@ class ReuseLearner:
 
 
 class Access:
-    """What ReusePolicy keeps on a node (``node.policy_data``): its latest access as the policy saw it."""
+    """What ReusePolicy keeps on a node (its ``policy_data``): its latest access as the policy saw it.
+
+    Never changed once made (a new access makes a new one), so both parts of a cut edge share it.
+    """
 
     __slots__ = ("cls", "end", "freq", "gap", "key", "prev", "tick")
 
@@ -174,12 +178,18 @@ class ReusePolicy(HeapPolicy):
     """
 
     name = "reuse"
+    summary = ("LRU plus a learned boost for prefixes whose last reuse came quickly: the classes of access "
+               "that come back sooner than average are kept longer; plain LRU when nothing predicts a return")
     scope_shares_order = True  # a namespace's instance orders by the keys this one gave
 
-    def __init__(self, learner: ReuseLearner | None = None, scoped: bool = False) -> None:
+    def __init__(self, learner: ReuseLearner | None = None, scoped: bool = False, state: NodeState = OWN) -> None:
+        """``state``: where the node state (an Access) lives (the guard runs reuse as one of its experts)."""
         super().__init__()
         self.learner = learner if learner is not None else ReuseLearner()
         self.scoped = scoped
+        self.state = state
+        self._data = state.get
+        self._keep = state.put
         # first page (in its namespace) -> class (-1: none), tick, end and gap of the last access of the evicted node
         self._ghost = Ghost("hqqq")  # a class fits 16 bits: (GAP_BUCKETS + 1) x (len(SIZE_BUCKETS) + 2)
         self._now = 0  # latest tick seen
@@ -202,7 +212,7 @@ class ReusePolicy(HeapPolicy):
 
     def for_scope(self) -> ReusePolicy:
         """The instance for one namespace's index: same keys, no learning."""
-        return ReusePolicy(self.learner, scoped=True)
+        return ReusePolicy(self.learner, scoped=True, state=self.state)
 
     @staticmethod
     def _ghost_key(node) -> int:
@@ -217,7 +227,8 @@ class ReusePolicy(HeapPolicy):
         two return gaps when both are known (one gap is a noisy predictor of the next).
         """
         learner = self.learner
-        data = node.policy_data
+        data_of = self._data
+        data = data_of(node)
         if data is None:
             end = node.tree.depth_pages(node)
             if node.freq or node.children:  # an inner node whose history the policy never saw
@@ -229,7 +240,7 @@ class ReusePolicy(HeapPolicy):
             if parent.parent is not None and len(parent.children) == 1 and parent.gap:
                 # the next turn of a conversation: its parent came back after parent.gap ticks
                 gap = parent.gap
-                pdata = parent.policy_data
+                pdata = data_of(parent)
                 if pdata is not None:
                     prev = pdata.gap
                     if pdata.freq != parent.freq:
@@ -246,7 +257,7 @@ class ReusePolicy(HeapPolicy):
                 key = parent.tick + learner.boost[cls]
                 if pdata is not None and pdata.key > key:
                     key = pdata.key
-                parent.policy_data = Access(cls, parent.freq, key, end, parent.tick, gap, prev)
+                self._keep(parent, Access(cls, parent.freq, key, end, parent.tick, gap, prev))
             else:
                 seen = self._ghost.pop(self._ghost_key(node))
                 if seen is not None:  # came back after being evicted
@@ -269,24 +280,24 @@ class ReusePolicy(HeapPolicy):
 
     def push(self, node, uncovered: bool = False) -> None:
         if self.scoped:
-            data = node.policy_data
+            data = self._data(node)
             key = data.key if data is not None else node.tick
         else:
             tick = node.tick
             if tick > self._now:
                 self._now = tick
-            old = node.policy_data
+            old = self._data(node)
             cls, end, gap, prev = self._classify(node, uncovered)
             key = tick + self.learner.boost[cls]
             if old is not None and old.key > key:  # keys only grow, as in LRU
                 key = old.key
-            node.policy_data = Access(cls, node.freq, key, end, tick, gap, prev)
+            self._keep(node, Access(cls, node.freq, key, end, tick, gap, prev))
         heapq.heappush(self._heap, (key, next(self._seq), node.version, node))
         self.live += 1
 
     def evicted(self, node, whole: bool) -> None:
         """Pages of ``node`` are evicted: note the eviction age; a ``whole`` node goes into the ghost."""
-        data = node.policy_data
+        data = self._data(node)
         if data is not None:
             self.learner.evicted(self._now - data.key)
         if not whole:
@@ -297,4 +308,4 @@ class ReusePolicy(HeapPolicy):
             ghost.put(h, -1 if data.cls is None else data.cls, node.tick, data.end, data.gap)
         else:
             ghost.put(h, -1, node.tick, 0, 0)
-        ghost.trim(max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX)))
+        ghost.trim(limit(self.live))

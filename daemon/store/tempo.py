@@ -26,37 +26,27 @@ the parent's gap; a new leaf that covers the end of a recently evicted leaf
 last page, its depth and the namespace) takes the time since that leaf's last
 access. A shared prompt whose other continuations were all evicted is private
 too, but ended no access of its own: a conversation starting on it is new
-content, not its next turn (keying the ghost by first pages made that
-mistake: every conversation on one system prompt shares its first page).
+content, not its next turn (so the ghost is keyed by last pages, not first
+pages: every conversation on one system prompt shares its first page).
 Each new gap is blended into the conversation's pace in log space: the mean
 of its log gaps, then an EWMA of weight SMOOTH (one gap alone predicts the
 next poorly).
 
 Dead tails: where a prompt ends in tokens the next turn does not share (a
-per-request suffix, or a trace's partial last block cut into smaller pages:
-the stress set's chat in 16-token pages leaves 0-7 such pages a request),
-the next turn forks off a few pages before the end of the leaf the access
-before ended on. Its parent is then the upper part of that leaf, cut by the
-lookup, with two children, and it looked like another conversation starting
-on a shared prompt: new content. And the ghost, keyed by the evicted leaf's
-last page, a dead one, never saw the conversation come back. So a fork off
-the leaf that ended the access before is a next turn when it adds at least
-TAIL_SHARE x the pages it leaves behind (an answer and a new message
-against a dead tail; another conversation on a shared prompt adds about
-what the first one had there: its own message) and leaves at most
-``PaceModel.tail`` pages, learned: 0 until at least TAIL_FORKS of the next
-turns fork off (the suite's workloads in their own blocks: 0 %-8 %; in
-smaller pages 29 %-86 %), then as many as TAIL_QUANTILE of those forks
-leave. Where none fork off, nothing changes. A whole evicted leaf's ghost is
-keyed that many pages before its end as well (a second entry in the same
-bounded ghost: it remembers fewer leaves, in no more bytes). Chat at 0.5 %
-in 16- and 32-token pages: 1.27x / 1.26x -> 1.33x / 1.33x LRU, as in its
-own 128-token blocks; the shared trace in 64-token pages at 6 %: 0.94x ->
-1.04x (scripts/README.md, "Dead tails"). Two things tried and not taken:
-making the dead tail itself the next victim (no gain: the trim takes
-trailing pages first anyway); learning the tail as twice the median of
-what every next turn leaves (it learned tails from forks of one-shot
-questions off shared prompts, and none where the tail is trimmed first).
+per-request suffix, or a partial last block cut into smaller pages), the
+next turn forks off a few pages before the end of the leaf the access before
+ended on. Its parent is then the upper part of that leaf, cut by the lookup,
+with two children, and it looks like another conversation starting on a
+shared prompt; and the ghost, keyed by the evicted leaf's last page, a dead
+one, never sees the conversation come back. So a fork off the leaf that
+ended the access before is a next turn when it adds at least TAIL_SHARE x
+the pages it leaves behind (an answer and a new message against a dead tail;
+another conversation on a shared prompt adds about what the first one had
+there: its own message) and leaves at most ``PaceModel.tail`` pages,
+learned: 0 until at least TAIL_FORKS of the next turns fork off, then as
+many as TAIL_QUANTILE of those forks leave. Where none fork off, nothing
+changes. A whole evicted leaf's ghost is keyed that many pages before its
+end as well (a second entry in the same bounded ghost).
 
 Cost: candidates are bucketed by half-octaves of their pace, one lazy heap
 of access ticks per bucket; inside a bucket paces differ by less than
@@ -65,10 +55,10 @@ is the best of the bucket heads: O(buckets + log n) per eviction, O(log n)
 per access, like ``hybrid``; a new leaf looks its pages up in the ghost
 (O(its pages), what storing them costs anyway), a fork looks at its
 parent's other child, and both a new leaf and an evicted one walk to the
-root for their depth, as ``reuse`` does. Memory: a small tuple per node
-(``Node.tempo``), a ghost bounded as ``ghost``'s, and 64 counts of what
-next turns left behind. Per-namespace instances (EVICT commands) order by
-the paces the global instance set.
+root for their depth. Memory: a small tuple per node (its ``policy_data``:
+pace, freq, gaps, tick, whether it ended an access), a bounded ghost
+(ghosts.limit), and 64 counts of what next turns left behind. Per-namespace
+instances (EVICT commands) order by the paces the global instance set.
 """
 
 from __future__ import annotations
@@ -76,8 +66,9 @@ from __future__ import annotations
 import math
 import zlib
 
-from .ghosts import Ghost
-from .policies import GHOST_MAX, GHOST_MIN, GHOST_PER_LEAF, BucketedHeaps
+from .ghosts import Ghost, limit
+from .policies import BucketedHeaps
+from .policy import OWN, NodeState
 
 PACE_BUCKETS = 48  # half-octave buckets of a pace in ticks: up to 2**24 ticks
 OVERDUE = 2.0  # how fast an overdue leaf's score grows with age / pace
@@ -87,7 +78,7 @@ HALFLIFE = 2048  # new leaves after which the counts of new content weigh half
 PACE_BYTES = 104  # a node's tuple and its pace float (INFO's used_memory_policy)
 TAIL_CLASSES = 64  # pages a next turn left behind of the access before, counted up to this many
 TAIL_SHARE = 4  # a next turn adds at least 4x the pages it leaves behind (another request: about as many)
-TAIL_FORKS = 0.15  # a dead tail once this share of next turns fork off before the end (suite: <= 0.08) ...
+TAIL_FORKS = 0.15  # a dead tail once this share of next turns fork off before the end ...
 TAIL_QUANTILE = 0.9  # ... as long as this share of those forks leave behind
 
 
@@ -163,18 +154,24 @@ class TempoPolicy(BucketedHeaps):
     """Evict the largest pace x max(1, age / pace) ** OVERDUE; see the module docstring."""
 
     name = "tempo"
+    summary = ("each conversation kept as long as its own pace of turns says it comes back: "
+               "the slowest and the long overdue go first")
     scope_shares_order = True  # a namespace's instance orders by the paces this one set
 
-    def __init__(self, model: PaceModel | None = None, scoped: bool = False) -> None:
+    def __init__(self, model: PaceModel | None = None, scoped: bool = False, state: NodeState = OWN) -> None:
+        """``state``: where the node state lives (the guard runs tempo as one of its experts)."""
         self.model = model if model is not None else PaceModel()
         self.scoped = scoped
+        self.state = state
+        self._data = state.get  # a node's (pace, freq, gaps, tick, ended an access), or None
+        self._keep = state.put
         super().__init__(PACE_BUCKETS)
         # the end of an evicted leaf (last page, depth, namespace) -> (its last access tick, pace, gaps, ended one)
         self._ghost = Ghost("qdq?")
 
     def for_scope(self) -> TempoPolicy:
         """The instance for one namespace's index: the same paces and clock, no learning."""
-        return TempoPolicy(self.model, scoped=True)
+        return TempoPolicy(self.model, scoped=True, state=self.state)
 
     def describe(self) -> dict:
         return {"tempo_new_content_pace_ticks": round(self.model.default()), "tempo_ghost_entries": len(self._ghost),
@@ -217,12 +214,13 @@ class TempoPolicy(BucketedHeaps):
         least) and what it left (``model.tail`` pages at most; see the module docstring).
         """
         parent = node.parent
-        if parent.parent is None or parent.tempo is not None or len(parent.children) != 2 or not parent.gap:
+        data_of = self._data
+        if parent.parent is None or data_of(parent) is not None or len(parent.children) != 2 or not parent.gap:
             return None
         for rest in parent.children.values():
             if rest is not node:
                 break
-        data = rest.tempo
+        data = data_of(rest)
         if (data is None or rest.children or not data[4] or rest.freq != data[1]
                 or data[3] != rest.tick or rest.tick != parent.tick - parent.gap):
             return None
@@ -244,7 +242,8 @@ class TempoPolicy(BucketedHeaps):
         """(the pace of ``node``'s latest access, the gaps it is made of (0: new content), whether it ended an
         access of its own); teaches the model."""
         model = self.model
-        data = node.tempo
+        data_of = self._data
+        data = data_of(node)
         if data is not None:
             pace, freq, gaps, _, end = data
             if node.freq != freq and not uncovered and node.gap:  # hit again since
@@ -255,7 +254,7 @@ class TempoPolicy(BucketedHeaps):
             # there), or a hit the policy never saw (a policy switch)
             return (float(node.gap), 1, False) if node.gap else (model.default(), 0, False)
         parent = node.parent
-        prev = parent.tempo
+        prev = data_of(parent)
         if (prev is not None and parent.parent is not None and len(parent.children) == 1 and parent.gap
                 and prev[3] in (parent.tick - parent.gap, parent.tick)):
             # The next turn of a conversation: its parent, the end of the access before (it was indexed
@@ -278,20 +277,20 @@ class TempoPolicy(BucketedHeaps):
     def push(self, node, uncovered: bool = False) -> None:
         tick = node.tick
         if self.scoped:
-            data = node.tempo
+            data = self._data(node)
             pace = data[0] if data is not None else self.model.default()
         else:
             if tick > self.model.now:
                 self.model.now = tick
             pace, gaps, end = self._pace(node, uncovered)
-            node.tempo = (pace, node.freq, gaps, tick, end)
+            self._keep(node, (pace, node.freq, gaps, tick, end))
         self._file(_bucket(pace), (tick, next(self._seq), pace, node.version, node))
 
     def evicted(self, node, whole: bool) -> None:
         """A ``whole`` evicted leaf goes into the ghost with its last access and pace."""
         if not whole or self.scoped:
             return
-        data = node.tempo
+        data = self._data(node)
         ghost = self._ghost
         tree = node.tree
         P = tree.page_bytes
@@ -305,7 +304,10 @@ class TempoPolicy(BucketedHeaps):
                           node.tick, data[0], data[2], data[4])
         else:
             ghost.put(h, node.tick, 1.0, 0, False)
-        ghost.trim(max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX)))
+        ghost.trim(limit(self.live))
+
+    def split(self, top, child, pages: int) -> None:
+        """The upper part of a cut edge ended no access of its own: it gets no pace (until pushed)."""
 
     def peek(self, now: float):
         """The next victim (ages in the model's ticks, not ``now``: the same in process and in the daemon)."""

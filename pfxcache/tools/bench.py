@@ -310,10 +310,10 @@ def main() -> int:
     parser.add_argument("--floor", action="store_true", help="also run PING_MBULK against a minimal trio server")
     parser.add_argument("--mooncake", action="store_true",
                         help="also run the Mooncake Store peer (a worker's lookup + KV fetch of a 4,096-token prompt "
-                             "vs PFXGET + read_into; see pfxcache.tools.mooncake_peer; installs it under scripts/out)")
+                             "vs PFXGET + read_into; see pfxcache.tools.mooncake_peer; scripts/bench installs it with scripts/setup mooncake)")
     args = parser.parse_args()
     if not shutil.which("redis-benchmark") or not shutil.which("redis-server"):
-        print("redis-benchmark and redis-server are needed: apt-get install redis-server redis-tools",
+        print("redis-benchmark and redis-server are needed: scripts/setup redis installs them",
               file=sys.stderr)
         return 2
 

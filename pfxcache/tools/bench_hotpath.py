@@ -1,7 +1,7 @@
 """Every ratio of issue 14's table in one invocation, each against its reference in the same run.
 
     scripts/bench-hotpath                 # short runs, median of 3
-    scripts/bench-hotpath --no-peers      # without SGLang and Mooncake (nothing fetched)
+    scripts/bench-hotpath --no-peers      # without SGLang and Mooncake (nothing installed)
     scripts/bench-hotpath --json
     scripts/bench-hotpath --no-peers --policy lru   # the request path under the cheapest policy
 
@@ -24,7 +24,8 @@ hits both sides of a ratio alike; each figure is the median of the rounds' ratio
   mooncake   (extra) lookup + KV fetch of the same prompt from Mooncake Store on CPU vs PFXGET +
              read_into (pfxcache.tools.mooncake_peer).
 
-A peer that cannot be installed or run here is reported with the reason, and the rest runs.
+A peer that is not installed (scripts/setup sglang mooncake; the launcher runs it) or cannot run
+here is reported with the reason, and the rest runs.
 """
 
 from __future__ import annotations
@@ -231,7 +232,7 @@ def main() -> int:
     parser.add_argument("--keyspace", type=int, default=1_000_000, help="-r of the PFXSET new-page load")
     parser.add_argument("--policy", help="pfxcached's maxmemory-policy (default: the daemon's); lru shows what "
                         "the request path costs with the cheapest store bookkeeping")
-    parser.add_argument("--no-peers", action="store_true", help="skip SGLang and Mooncake (nothing is fetched)")
+    parser.add_argument("--no-peers", action="store_true", help="skip SGLang and Mooncake (the launcher installs neither)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args()
     args.echo_bytes = 1024  # read by scripts/bench's load table (its ECHO load is not run here)

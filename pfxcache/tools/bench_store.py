@@ -38,7 +38,7 @@ Then the store core against SGLang 0.5.23's RadixCache on one workload, at
 page 16 and page 1 (--sglang-pages): both must give the same match and insert
 lengths, then match / insert / evict 10 % are timed in both (median of
 --repeat); see pfxcache.tools.store_vs_sglang. SGLang's radix cache comes from
-its PyPI wheel, fetched once into scripts/out/peers/ (never a dependency of
+its PyPI wheel, which scripts/setup sglang fetches into scripts/out/peers/ (never a dependency of
 pfxcache; it needs torch). --no-sglang skips it.
 
     scripts/bench-store                       # 10^3 .. 10^6 pages, then vs SGLang
@@ -64,7 +64,8 @@ import numpy as np
 
 from pfxcache.daemon.store import MemoryArena, PrefixStore
 from pfxcache.tools import sglang_peer, store_vs_sglang
-from pfxcache.tools.common import OUT, command_line, machine, new_plot, progress_bar, save_plot, shown, tool_parser
+from pfxcache.tools.common import (OUT, command_line, machine, new_plot, progress_bar, save_plot, shown, timed_loop,
+                                   tool_parser)
 
 NS = b"bench"
 TOKEN_BYTES = 4
@@ -136,19 +137,6 @@ def path_nodes(store: PrefixStore, prompt: bytes) -> float:
         count += 1
         node = node.parent
     return count
-
-
-def timed_loop(fn, items: list, min_time: float) -> float:
-    """Ops/s of fn(item) over items, cycling until min_time has passed."""
-    done = 0
-    elapsed = 0.0
-    while elapsed < min_time:
-        start = time.process_time()
-        for item in items:
-            fn(item)
-        elapsed += time.process_time() - start
-        done += len(items)
-    return done / elapsed
 
 
 def best(values: list[float]) -> float:

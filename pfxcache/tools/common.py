@@ -77,6 +77,19 @@ def machine() -> dict:
     return {"cpus": os.cpu_count(), "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d")}
 
 
+def timed_loop(fn, items: list, min_time: float) -> float:
+    """Ops/s of fn(item) over items, cycling until min_time of CPU time has passed (the store benchmarks' loop)."""
+    done = 0
+    elapsed = 0.0
+    while elapsed < min_time:
+        start = time.process_time()
+        for item in items:
+            fn(item)
+        elapsed += time.process_time() - start
+        done += len(items)
+    return done / elapsed
+
+
 def shown(path: Path) -> Path:
     """A path as printed: relative to the checkout when inside it."""
     return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
@@ -112,7 +125,7 @@ def new_plot(figsize: tuple[float, float] = (8, 5)):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is missing (pip install matplotlib): no plot", file=sys.stderr)
+        print("matplotlib is missing (the tools extra: scripts/setup): no plot", file=sys.stderr)
         return None
     return plt.subplots(figsize=figsize)
 

@@ -1,8 +1,8 @@
 """Check the cuda arena on a machine with an NVIDIA GPU, in one invocation (well under a minute).
 
-Installs nothing: it expects ``pip install -e '.[cuda12,client]'`` (or
-``.[cuda13,client]``) done in .venv, and exits 2 with that command when CuPy or
-redis-py is missing, or when no CUDA device is visible.
+Installs nothing: it expects ``scripts/setup cuda12`` (or ``cuda13``; outside the
+checkout ``pip install 'pfxcache[cuda12,client]'``) done, and exits 2 with that command
+when CuPy or redis-py is missing, or when no CUDA device is visible.
 
     scripts/gpu-check                     # 256 MiB of 256 KiB blocks on device 0
     scripts/gpu-check --json              # the figures as one JSON object
@@ -43,7 +43,7 @@ import time
 from pfxcache.testing import start_daemon
 from pfxcache.tools.common import tool_parser
 
-INSTALL = "pip install -e '.[cuda12,client]'   (CUDA 13: '.[cuda13,client]')"
+INSTALL = "scripts/setup cuda12   (CUDA 13: scripts/setup cuda13)"
 NAMESPACE = "gpu-check"
 PAGE_SIZE = 16
 

@@ -5,7 +5,8 @@ tokens, 64 KiB each: 16 MiB) is cached, finds how much of it is cached and
 fetches those bytes into its own page-aligned buffer.
 
 * **Mooncake** (``mooncake-transfer-engine-non-cuda`` from PyPI, in its own venv
-  under ``scripts/out/peers/mooncake-venv``, never a dependency of pfxcache):
+  under ``scripts/out/peers/mooncake-venv`` that ``scripts/setup mooncake`` makes,
+  never a dependency of pfxcache):
   ``mooncake_master`` with its built-in HTTP metadata server, a holder client
   that mounts a segment and puts the 256 chunks under their hash-chain keys,
   and a reader client (TCP transport, the CPU build's) that runs
@@ -17,17 +18,15 @@ fetches those bytes into its own page-aligned buffer.
 
 Latency is per lookup + fetch (median, p99), throughput the bytes fetched per
 second by one reader doing that back to back. Both readers verify the bytes.
-The Mooncake CPU build links libibverbs: on Debian, ``apt-get install
-libibverbs1`` (done here when running as root).
+The Mooncake CPU build links libibverbs (Debian's ``libibverbs1``, which
+``scripts/setup mooncake`` installs too). This module installs nothing: it finds
+the peer's venv and says which setup command is missing when it is not there.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from pfxcache.testing import free_port
 from pfxcache.tools.common import OUT
 
 PACKAGE = "mooncake-transfer-engine-non-cuda==0.3.13.post1"
+SETUP = "scripts/setup mooncake"  # what makes venv_dir() with PACKAGE and numpy, and installs libibverbs1
 CHUNKS = 256
 CHUNK_BYTES = 64 * 1024
 PAGE_TOKENS = 16
@@ -47,6 +47,7 @@ class PeerUnavailable(Exception):
 
 
 def venv_dir() -> Path:
+    """The peer's own venv (``scripts/setup mooncake``)."""
     return OUT / "peers" / "mooncake-venv"
 
 
@@ -54,31 +55,22 @@ def _python() -> Path:
     return venv_dir() / "bin" / "python"
 
 
-def ensure_environment() -> Path:
-    """The peer's venv with Mooncake and numpy, created the first time; the mooncake_master binary."""
+def locate() -> Path:
+    """The mooncake_master binary of the peer's venv (PeerUnavailable naming the setup when it cannot run)."""
     python = _python()
     if not python.exists():
-        done = subprocess.run([sys.executable, "-m", "venv", str(venv_dir())], capture_output=True, text=True)
-        if done.returncode:
-            raise PeerUnavailable(f"cannot create {venv_dir()}: {done.stderr.strip()[-300:]}")
+        raise PeerUnavailable(f"the Mooncake peer's venv is not at {venv_dir()}: run {SETUP}")
     probe = subprocess.run([str(python), "-c", "import mooncake, numpy, os; print(os.path.dirname(mooncake.__file__))"],
                            capture_output=True, text=True)
     if probe.returncode:
-        done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", PACKAGE,
-                               "numpy"], capture_output=True, text=True)
-        if done.returncode:
-            raise PeerUnavailable(f"pip install {PACKAGE} failed: {(done.stderr or done.stdout).strip()[-400:]}")
-        probe = subprocess.run([str(python), "-c", "import mooncake, os; print(os.path.dirname(mooncake.__file__))"],
-                               capture_output=True, text=True)
+        raise PeerUnavailable(f"{venv_dir()} cannot import mooncake and numpy: run {SETUP} "
+                              f"({(probe.stderr or probe.stdout).strip()[-200:]})")
     master = Path(probe.stdout.strip()) / "mooncake_master"
     if not master.exists():
         raise PeerUnavailable(f"{PACKAGE} has no mooncake_master binary at {master}")
     missing = _missing_libraries(master)
-    if missing and "libibverbs.so.1" in missing and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "install", "-y", "-q", "libibverbs1"], capture_output=True, text=True)
-        missing = _missing_libraries(master)
     if missing:
-        raise PeerUnavailable(f"mooncake_master needs {', '.join(missing)} (Debian: apt-get install libibverbs1)")
+        raise PeerUnavailable(f"mooncake_master needs {', '.join(missing)} (Debian: libibverbs1): run {SETUP}")
     return master
 
 
@@ -96,7 +88,7 @@ def _summary(times: list[float], nbytes: int) -> dict:
 
 def run_mooncake(seconds: float) -> dict:
     """Master + holder + reader on loopback; the reader's figures."""
-    master_bin = ensure_environment()
+    master_bin = locate()
     rpc, meta, metrics, holder_port, reader_port = (free_port() for _ in range(5))
     metadata = f"http://127.0.0.1:{meta}/metadata"
     master_addr = f"127.0.0.1:{rpc}"
@@ -191,7 +183,7 @@ def run_pfxcache(seconds: float) -> dict:
 
 def compare(seconds: float = 1.0, repeat: int = 3) -> dict:
     """Median of ``repeat`` alternating runs of each; raises PeerUnavailable when Mooncake cannot run."""
-    ensure_environment()
+    locate()
     ours, theirs = [], []
     for _ in range(repeat):
         theirs.append(run_mooncake(seconds))

@@ -26,7 +26,10 @@ Modes:
                  mode does), maxmemory = capacity x block bytes. With --url it
                  uses that daemon as it is (its capacity; the policy is set
                  with CONFIG SET maxmemory-policy and the trace's namespaces
-                 are emptied before each run).
+                 are emptied before each run). It is checked first (its page
+                 size must be the replay's; a refusal changes nothing on it),
+                 and its policy is set back when the replay ends, however it
+                 ends.
   Both modes give the same hit rates for lru, lfu, ghost, reuse and guard
   (their order depends only on the order of accesses; reuse and guard count
   time in the store's ticks); hybrid scores ages in seconds in the daemon, so its figures
@@ -332,20 +335,64 @@ def replay_store(trace: Trace, policy: str, capacity: int, page_size: int, shard
             "evictions": evictions}
 
 
+class DaemonRefused(Exception):
+    """The daemon at --url cannot take this replay (unreachable, another page size, a policy it refuses)."""
+
+
 class DaemonRunner:
-    """Replays through pfxcached with the client library (one daemon per run unless --url is given)."""
+    """Replays through pfxcached with the client library (one daemon per run unless --url is given).
+
+    A daemon at --url is checked before anything on it changes (``check``): a replay it cannot take is
+    refused with the daemon as it was. Each run then sets the policy and empties the trace's
+    namespaces; ``restore`` (called on every exit path) sets the policy the daemon had back.
+    """
 
     def __init__(self, url: str | None, block_bytes: int) -> None:
         self.url = url
         self.block_bytes = block_bytes
+        self.policy_before: str | None = None  # the --url daemon's maxmemory-policy, set back by restore()
+        self.policy_changed = False
 
-    def capacity(self) -> int:
-        """Blocks of the daemon at --url (its capacity in pages)."""
+    def _connect(self):
         from pfxcache.client import PrefixCache
 
-        with PrefixCache.from_url(self.url, attach=False) as cache:
-            arena = cache.info().arena
-            return int(arena.get("nblocks") or arena["blocks-total"])
+        return PrefixCache.from_url(self.url, attach=False)
+
+    def check(self, page_size: int) -> int:
+        """The --url daemon's capacity in pages, once it is known to take pages of ``page_size`` tokens.
+
+        Reads only (PFXINFO, CONFIG GET): raises DaemonRefused, the daemon untouched, when it cannot be
+        asked or its page size is not the replay's.
+        """
+        import redis
+
+        try:
+            with self._connect() as cache:
+                info = cache.info()
+                self.policy_before = cache.client.config_get("maxmemory-policy")["maxmemory-policy"]
+        except (redis.RedisError, OSError) as exc:
+            raise DaemonRefused(f"cannot ask the daemon at {self.url} for its geometry: {exc}") from None
+        if info.page_size != page_size:
+            raise DaemonRefused(
+                f"the daemon at {self.url} has pages of {info.page_size} tokens, this replay needs {page_size} "
+                f"(give --page-size {info.page_size}, or replay against a daemon started with --page-size "
+                f"{page_size}); nothing on the daemon was changed")
+        return int(info.arena.get("nblocks") or info.arena["blocks-total"])
+
+    def restore(self) -> None:
+        """Set the --url daemon's maxmemory-policy back to what check() read, if a run changed it."""
+        import redis
+
+        if not self.policy_changed:
+            return
+        try:
+            with self._connect() as cache:
+                cache.client.config_set("maxmemory-policy", self.policy_before)
+        except (redis.RedisError, OSError) as exc:
+            print(f"scripts/replay: could not set the daemon's maxmemory-policy back to {self.policy_before}: {exc}",
+                  file=sys.stderr)
+            return
+        self.policy_changed = False
 
     def _start(self, policy: str, capacity: int, page_size: int, shards: int):
         bb = max(self.block_bytes, -(-1024 // capacity))  # maxmemory must be >= 1024 bytes
@@ -355,6 +402,27 @@ class DaemonRunner:
             "--evict-low-watermark", "0", "--lease-ttl", str(7 * 24 * 3600 * 1000),
             "--prompt-max-tokens", str(1 << 24), "--save", "", "--loglevel", "warning", ready_timeout=30)
         return daemon, f"redis://{daemon.host}:{daemon.port}/0", bb
+
+    def _prepare(self, cache, trace: Trace, policy: str) -> None:
+        """The --url daemon set for a run: ``policy`` afresh, the trace's namespaces empty."""
+        import redis
+
+        if self.policy_before is None:
+            raise RuntimeError("DaemonRunner.check() must run before a run against --url")
+        # Switching policy rebuilds the eviction index, so a learning policy starts afresh, as it
+        # does in store mode: switch away and back. The policy is tried first, so one the daemon
+        # refuses leaves the namespaces as they were; the namespaces are emptied under the other
+        # policy and the fresh one set last, so it never sees the old pages leave.
+        self.policy_changed = True
+        other = "lru" if policy != "lru" else "lfu"
+        try:
+            cache.client.config_set("maxmemory-policy", policy)
+        except redis.ResponseError as exc:
+            raise DaemonRefused(f"the daemon at {self.url} refuses maxmemory-policy {policy}: {exc}") from None
+        cache.client.config_set("maxmemory-policy", other)
+        for ns in {r.namespace for r in trace.requests}:
+            cache.evict(ns, all=True)
+        cache.client.config_set("maxmemory-policy", policy)
 
     def run(self, trace: Trace, policy: str, capacity: int, page_size: int, shards: int, quiet: bool) -> dict:
         from pfxcache.client import PrefixCache
@@ -369,16 +437,11 @@ class DaemonRunner:
         cache = PrefixCache.from_url(url, attach=False)
         try:
             info = cache.info()
-            if self.url is not None:
-                for ns in {r.namespace for r in trace.requests}:
-                    cache.evict(ns, all=True)
-                # Switching policy rebuilds the eviction index, so a learning policy (reuse) starts
-                # afresh, as it does in store mode: switch away and back.
-                cache.client.config_set("maxmemory-policy", "lru" if policy != "lru" else "lfu")
-                cache.client.config_set("maxmemory-policy", policy)
-            bb = info.block_bytes
-            if info.page_size != page_size:
+            if info.page_size != page_size:  # check() refused this already for --url
                 raise RuntimeError(f"the daemon's page size is {info.page_size}, the replay needs {page_size}")
+            if self.url is not None:
+                self._prepare(cache, trace, policy)
+            bb = info.block_bytes
             max_pages = capacity if self.url is None else int(info.arena.get("nblocks") or info.arena["blocks-total"])
             hit = 0
             bar = _progress(len(trace.requests), f"daemon {policy} {cap_title(capacity)}", quiet)
@@ -386,13 +449,15 @@ class DaemonRunner:
             for i, req in enumerate(trace.requests):
                 toks, npages = whole_pages(trace, req, page_size, max_pages)
                 match = cache.lookup(req.namespace, toks, lease=True, with_data=False)
-                got = match.matched_tokens
-                hit += got
-                new = npages - got // page_size
-                if new > 0:
-                    data = zeros[: new * bb] if new * bb <= len(zeros) else bytes(new * bb)
-                    cache.store(req.namespace, toks, data, offset=got)
-                cache.release(match)
+                try:
+                    got = match.matched_tokens
+                    hit += got
+                    new = npages - got // page_size
+                    if new > 0:
+                        data = zeros[: new * bb] if new * bb <= len(zeros) else bytes(new * bb)
+                        cache.store(req.namespace, toks, data, offset=got)
+                finally:
+                    cache.release(match)
                 if i % 64 == 63:
                     bar.update(64)
             bar.close()
@@ -402,6 +467,13 @@ class DaemonRunner:
                 daemon.stop()
         total = trace.input_tokens
         return {"hit_tokens": hit, "input_tokens": total, "hit_rate": hit / total if total else 0.0}
+
+
+def _lost_daemon(exc: BaseException) -> bool:
+    """Whether ``exc`` says the daemon stopped answering (redis-py's connection errors, or a socket's)."""
+    import redis
+
+    return isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError))
 
 
 def belady(trace: Trace, chains: list[list[int]], capacity: int, page_size: int, quiet: bool = False) -> dict:
@@ -577,22 +649,40 @@ def main(argv: list[str] | None = None) -> int:
     accesses = sum(len(c) for c in chains)
     runner = DaemonRunner(args.url, args.daemon_block_bytes) if args.mode == "daemon" else None
     if runner is not None and args.url:
-        capacities = [runner.capacity()]  # a running daemon's arena is fixed: its capacity is the only one
+        try:
+            capacities = [runner.check(page_size)]  # a running daemon's arena is fixed: its capacity is the only one
+        except DaemonRefused as exc:
+            print(f"scripts/replay: {exc}", file=sys.stderr)
+            return 2
         print(f"--url: the daemon holds {capacities[0]:,} pages; replaying at that capacity only", file=sys.stderr)
 
     results: dict[str, dict[str, dict]] = {}
     jobs = [(p, c) for p in policies for c in capacities]
     outer = progress_bar(len(jobs) + (0 if args.no_belady else len(capacities)), "replays", "run", quiet=args.quiet)
     started = time.perf_counter()
-    for policy, cap in jobs:
-        t0 = time.perf_counter()
-        if runner is None:
-            row = replay_store(trace, policy, cap, page_size, args.shards, quiet=args.quiet)
-        else:
-            row = runner.run(trace, policy, cap, page_size, args.shards, args.quiet)
-        row["seconds"] = round(time.perf_counter() - t0, 2)
-        results.setdefault(policy, {})[cap_label(cap)] = row
-        outer.update(1)
+    try:
+        for policy, cap in jobs:
+            t0 = time.perf_counter()
+            if runner is None:
+                row = replay_store(trace, policy, cap, page_size, args.shards, quiet=args.quiet)
+            else:
+                row = runner.run(trace, policy, cap, page_size, args.shards, args.quiet)
+            row["seconds"] = round(time.perf_counter() - t0, 2)
+            results.setdefault(policy, {})[cap_label(cap)] = row
+            outer.update(1)
+    except DaemonRefused as exc:
+        outer.close()
+        print(f"scripts/replay: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if runner is None or not _lost_daemon(exc):
+            raise
+        outer.close()
+        print(f"scripts/replay: the daemon stopped answering: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if runner is not None:
+            runner.restore()
     if not args.no_belady:
         for cap in capacities:
             results.setdefault("belady", {})[cap_label(cap)] = belady(trace, chains, cap, page_size, args.quiet)

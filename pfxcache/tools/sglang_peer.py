@@ -1,11 +1,11 @@
 """SGLang's RadixCache, taken from its PyPI wheel, as a reference the store benchmark runs against.
 
-pfxcache never depends on SGLang: this module fetches the ``sglang==0.5.23``
-wheel once (``pip download --no-deps``, ~40 MB), keeps only
-``sglang/srt/mem_cache/`` from it under the benchmark's own folder
-(``scripts/out/peers/sglang-0.5.23/``, ignored by git), and imports
-``radix_cache.RadixCache`` from there. Nothing is installed into the project's
-environment.
+pfxcache never depends on SGLang: ``scripts/setup sglang`` fetches the
+``sglang==0.5.23`` wheel once (``pip download --no-deps``, ~40 MB) and keeps
+only ``sglang/srt/mem_cache/`` from it under the benchmark's own folder
+(``scripts/out/peers/sglang-0.5.23/``, ignored by git); this module imports
+``radix_cache.RadixCache`` from there, and installs nothing. Nothing is
+installed into the project's environment.
 
 SGLang's mem_cache package imports most of the serving stack at module level
 (kernels, metrics, the scheduler's types, triton); none of it runs on the
@@ -27,11 +27,8 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import subprocess
 import sys
-import tempfile
 import types
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -45,31 +42,23 @@ REAL_MODULES = frozenset(
 )
 
 
+SETUP = "scripts/setup sglang"  # what puts the wheel's mem_cache/ in peer_dir()
+
+
 class PeerUnavailable(Exception):
     """SGLang's RadixCache cannot be loaded here; the message says why."""
 
 
 def peer_dir() -> Path:
+    """Where ``scripts/setup sglang`` keeps ``sglang/srt/mem_cache/`` of the wheel."""
     return OUT / "peers" / f"sglang-{VERSION}"
 
 
-def fetch() -> Path:
-    """The folder holding ``sglang/srt/mem_cache/`` of the wheel, downloading it the first time."""
+def locate() -> Path:
+    """The folder holding ``sglang/srt/mem_cache/`` of the wheel (PeerUnavailable naming the setup when absent)."""
     root = peer_dir()
-    if (root / "sglang" / "srt" / "mem_cache" / "radix_cache.py").exists():
-        return root
-    with tempfile.TemporaryDirectory() as tmp:
-        done = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-             "-q", f"sglang=={VERSION}", "-d", tmp],
-            capture_output=True, text=True, check=False,
-        )
-        wheels = list(Path(tmp).glob("sglang-*.whl"))
-        if done.returncode or not wheels:
-            raise PeerUnavailable(f"pip download sglang=={VERSION} failed: {(done.stderr or done.stdout).strip()[-400:]}")
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            members = [m for m in wheel.namelist() if m.startswith("sglang/srt/mem_cache/")]
-            wheel.extractall(root, members)
+    if not (root / "sglang" / "srt" / "mem_cache" / "radix_cache.py").exists():
+        raise PeerUnavailable(f"SGLang {VERSION}'s radix cache is not in {root}: run {SETUP}")
     return root
 
 
@@ -132,7 +121,7 @@ class SGLang:
         except ImportError:
             raise PeerUnavailable("SGLang's RadixCache needs torch (pip install torch, or scripts/setup demo)") from None
         self.torch = torch
-        root = fetch()
+        root = locate()
         if not any(isinstance(f, _Finder) for f in sys.meta_path):
             sys.meta_path.insert(0, _Finder(root))
         radix = importlib.import_module("sglang.srt.mem_cache.radix_cache")
@@ -150,7 +139,7 @@ class SGLang:
 
 
 def load() -> SGLang:
-    """SGLang's RadixCache, fetched if needed (PeerUnavailable with the reason otherwise)."""
+    """SGLang's RadixCache, from where scripts/setup put it (PeerUnavailable with the reason otherwise)."""
     try:
         return SGLang()
     except PeerUnavailable:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from pfxcache.daemon.store import MemoryArena, PrefixStore
+from pfxcache.tools.common import timed_loop  # the store benchmark's loop: ops/s in CPU time
 
 NS = b"vs-sglang"
 
@@ -123,8 +124,6 @@ class _NoGC:
 
 def _per_call(fn, items: list, min_time: float) -> float:
     """Seconds per fn(item), cycling over items for at least min_time (CPU time, GC off)."""
-    from pfxcache.tools.bench_store import timed_loop  # the store benchmark's loop: ops/s in CPU time
-
     with _NoGC():
         return 1.0 / timed_loop(fn, items, min_time)
 

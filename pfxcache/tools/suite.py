@@ -14,20 +14,16 @@ summary per policy: the geometric mean of its ratios to LRU, the worst ratio
 and where, and the worst ratio at the points where Belady is at least 2x
 LRU (where there is room to win).
 
-    scripts/suite                                    # both halves, lru,lfu,hybrid,ghost,reuse,tempo,guard
+    scripts/suite                                    # both halves, lru,lfu,hybrid,tempo,guard
     scripts/suite --half held-out --policies lru,guard
     scripts/suite --workloads chat,scans --fractions 0.01,0.05 --json
     scripts/suite --trace their.jsonl --trace kv-cache-tester/traces   # traces of yours, in any replay format
-    scripts/suite --half stress --policies lru,tempo,guard   # phase changes, co-located apps, page sizes
-    scripts/suite --half adversarial --policies lru,guard --fractions 0.005,0.02,0.06,0.2,0.5  # loops, drifts
     scripts/suite --in-flight 16 --policies lru,tempo,guard  # 16 requests computing at once, their leases held
 
 A trace given with ``--trace`` (any format scripts/replay reads, its block
 size as its own) is judged the same way, in a third group, "external": traces
-no design here saw. ``--half stress`` runs workloads.STRESS, a set made
-after the designs were chosen: shapes that change, share an arena, or come
-in other page sizes. ``--half adversarial`` runs pfxcache.tools.adversarial's three
-sets (loops longer than the cache, phases, drifting popularity), a summary each.
+no design here saw. The eviction research extends the suite with its own sets
+(``main(sets=...)``: ``--half`` names of ``WorkloadSet`` lists), run from scripts/research.
 
 The plot (ratio to LRU against capacity, one panel per workload) goes to
 scripts/out/suite.png. ``scripts/suite`` runs this module under .venv.
@@ -39,15 +35,37 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-from . import adversarial, replay, workloads
+from . import replay, workloads
 from .common import (OUT, add_guard_sample_pages, command_line, guard_sample_pages,
                      progress_bar, save_plot, shown, tool_parser)
 
 FRACTIONS = (0.005, 0.02, 0.06, 0.2)
-DEFAULT_POLICIES = "lru,lfu,hybrid,ghost,reuse,tempo,guard"
+DEFAULT_POLICIES = "lru,lfu,hybrid,tempo,guard"
 ROOM = 2.0  # Belady / LRU at or above this: a point where a policy has room to win
+
+
+@dataclass(frozen=True)
+class WorkloadSet:
+    """Workloads judged together: one table and one summary under ``title``, ``label`` in the plot.
+
+    ``names`` are looked up in ``generators`` (a seed -> a replay.Trace) when the suite runs.
+    """
+
+    title: str
+    names: tuple[str, ...]
+    generators: Mapping[str, Callable[..., replay.Trace]]
+    label: str
+
+
+def halves() -> dict[str, list[WorkloadSet]]:
+    """``--half`` -> the sets it runs: the suite's tuning and held-out halves, or both."""
+    tuning = WorkloadSet("tuning", workloads.TUNING, workloads.SUITE, "tuning")
+    held_out = WorkloadSet("held-out", workloads.HELD_OUT, workloads.SUITE, "held out")
+    return {"tuning": [tuning], "held-out": [held_out], "all": [tuning, held_out]}
 
 
 def capacities(chains: list[list[int]], fractions) -> list[int]:
@@ -57,15 +75,17 @@ def capacities(chains: list[list[int]], fractions) -> list[int]:
 
 
 def run_workload(name: str, policies: list[str], fractions, seed: int = 1, quiet: bool = True,
-                 trace: replay.Trace | None = None, in_flight: int = 0) -> dict:
+                 trace: replay.Trace | None = None, in_flight: int = 0,
+                 make: Callable[..., replay.Trace] | None = None) -> dict:
     """{"capacities": [...], "requests", "distinct_pages", "results": {policy or "belady": {cap: hit_rate}}}.
 
-    ``trace``: replay this one (a file given with --trace) instead of the suite's workload ``name``.
+    ``trace``: replay this one (a file given with --trace) instead of workload ``name``, which ``make``
+    generates (default: the suite's generator of that name).
     ``in_flight``: requests computing at once (replay.replay_requests); Belady then bounds the same
     requests, cut as they are, with none in flight.
     """
     if trace is None:
-        trace = workloads.generator(name)(seed)
+        trace = (make or workloads.generator(name))(seed)
     page_size = trace.page_tokens or trace.block_tokens
     chains = replay.page_chains(trace, page_size)
     caps = capacities(chains, fractions)
@@ -130,7 +150,8 @@ def print_half(title: str, runs: list[dict], policies: list[str]) -> None:
         print(f"{policy:<8}{s['geomean']:>9.3f}{s['worst']:>7.2f}  {s['worst_at']:<20}{s['below_0.99']:>6}  {roomy}")
 
 
-def plot(runs: list[dict], policies: list[str], path, title: str) -> object:
+def plot(runs: list[dict], policies: list[str], path, title: str, labels: Mapping[str, str]) -> object:
+    """``labels``: workload -> the group its panel names (absent: "external")."""
     try:
         import matplotlib
 
@@ -138,7 +159,7 @@ def plot(runs: list[dict], policies: list[str], path, title: str) -> object:
         import matplotlib.pyplot as plt
         import matplotlib.ticker
     except ImportError:
-        print("matplotlib is missing (pip install matplotlib): no plot", file=sys.stderr)
+        print("matplotlib is missing (the tools extra: scripts/setup): no plot", file=sys.stderr)
         return None
     cols = 4
     rows = -(-len(runs) // cols)
@@ -153,12 +174,7 @@ def plot(runs: list[dict], policies: list[str], path, title: str) -> object:
         ax.axhline(0.99, color="red", linewidth=0.6)
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        group = ("tuning" if run["workload"] in workloads.TUNING else
-                 "held out" if run["workload"] in workloads.HELD_OUT else
-                 "stress" if run["workload"] in workloads.STRESS else
-                 "adversarial" if run["workload"] in adversarial.ADVERSARIAL else "external")
-        ax.set_title(f"{run['workload']} ({group})",
-                     fontsize=9)
+        ax.set_title(f"{run['workload']} ({labels.get(run['workload'], 'external')})", fontsize=9)
         ax.set_xlabel("capacity (pages)", fontsize=8)
         ax.set_ylabel("hit rate / lru's", fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
@@ -168,17 +184,21 @@ def plot(runs: list[dict], policies: list[str], path, title: str) -> object:
     return save_plot(fig, path)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, sets: dict[str, list[WorkloadSet]] | None = None,
+         default_policies: str = DEFAULT_POLICIES, command_name: str = "suite",
+         doc: str | None = __doc__) -> int:
+    """scripts/suite. ``sets``: ``--half`` -> its WorkloadSets (default halves(), whose "all" is the default
+    half); ``command_name``: the command as printed (scripts/COMMAND_NAME)."""
     from pfxcache.daemon.store.registry import POLICIES
 
-    parser = tool_parser("suite", __doc__)
-    parser.add_argument("--half", choices=("tuning", "held-out", "all", "stress", "adversarial"), default="all",
-                        help="which workloads (default all: tuning and held-out; stress: workloads.STRESS; "
-                             "adversarial: pfxcache.tools.adversarial's three sets)")
-    parser.add_argument("--workloads", help=f"comma-separated, overrides --half (known: {', '.join(workloads.SUITE)}, "
-                                            f"the stress set's: {', '.join(workloads.STRESS)}, "
-                                            f"and the adversarial sets': {', '.join(adversarial.ADVERSARIAL)})")
-    parser.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma-separated (default {DEFAULT_POLICIES})")
+    sets = halves() if sets is None else sets
+    every = list({id(s): s for group in sets.values() for s in group}.values())  # in order, once each
+    generators = {w: s.generators[w] for s in every for w in s.names}
+    parser = tool_parser(command_name, doc)
+    parser.add_argument("--half", choices=tuple(sets), default="all",
+                        help=f"which workloads (default all: tuning and held-out; known: {', '.join(sets)})")
+    parser.add_argument("--workloads", help=f"comma-separated, overrides --half (known: {', '.join(generators)})")
+    parser.add_argument("--policies", default=default_policies, help=f"comma-separated (default {default_policies})")
     parser.add_argument("--fractions", default=",".join(map(str, FRACTIONS)),
                         help="capacities as shares of each workload's distinct pages (default 0.005,0.02,0.06,0.2)")
     parser.add_argument("--seed", type=int, default=1, help="generator seed (default 1)")
@@ -206,14 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.workloads:
         names = [w.strip() for w in args.workloads.split(",") if w.strip()]
         for w in names:
-            if workloads.generator(w) is None:
+            if w not in generators:
                 parser.error(f"unknown workload {w!r}")
     elif args.trace and "--half" not in (argv if argv is not None else sys.argv[1:]):
         names = []
     else:
-        names = {"tuning": list(workloads.TUNING), "held-out": list(workloads.HELD_OUT),
-                 "all": [*workloads.TUNING, *workloads.HELD_OUT], "stress": list(workloads.STRESS),
-                 "adversarial": list(adversarial.ADVERSARIAL)}[args.half]
+        names = [w for s in sets[args.half] for w in s.names]
     external = {}
     for path in map(Path, args.trace):
         if not path.exists():
@@ -231,30 +249,26 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     runs = []
     with guard_sample_pages(args.guard_sample_pages) as sample_pages:
-        for name in [*names, *external]:
-            bar.set_postfix_str(name)
-            run = run_workload(name, policies, fractions, args.seed, trace=external.get(name),
-                               in_flight=args.in_flight)
+        for workload in [*names, *external]:
+            bar.set_postfix_str(workload)
+            run = run_workload(workload, policies, fractions, args.seed, trace=external.get(workload),
+                               in_flight=args.in_flight, make=generators.get(workload))
             run["fractions"] = fractions
             runs.append(run)
             bar.update(1)
     bar.close()
-    command = command_line("suite", argv)
-    halves = [(title, [r for r in runs if r["workload"] in half])
-              for title, half in (("tuning", workloads.TUNING), ("held-out", workloads.HELD_OUT),
-                                  ("stress", tuple(workloads.STRESS)), ("adversarial, first set", adversarial.FIRST),
-                                  ("adversarial, second set", adversarial.SECOND),
-                                  ("adversarial, third set", adversarial.THIRD))]
-    known = (*workloads.TUNING, *workloads.HELD_OUT, *workloads.STRESS, *adversarial.ADVERSARIAL)
-    halves += [("external" if external else "other", [r for r in runs if r["workload"] not in known])]
-    halves = [(t, rs) for t, rs in halves if rs]
-    plot_path = None if args.no_plot else plot(runs, policies, OUT / "suite.png", command)
+    command = command_line(command_name, argv)
+    groups = [(s.title, [r for r in runs if r["workload"] in s.names]) for s in every]
+    groups += [("external" if external else "other", [r for r in runs if r["workload"] not in generators])]
+    groups = [(t, rs) for t, rs in groups if rs]
+    labels = {w: s.label for s in every for w in s.names}
+    plot_path = None if args.no_plot else plot(runs, policies, OUT / "suite.png", command, labels)
     if args.json:
         for run in runs:
             run["results"] = {p: {str(c): v for c, v in r.items()} for p, r in run["results"].items()}
         print(json.dumps({"command": command, "policies": policies, "fractions": fractions,
                           "in_flight": args.in_flight, "guard_sample_pages": sample_pages, "runs": runs,
-                          "summary": {t: summary(_intkeys(rs), policies) for t, rs in halves},
+                          "summary": {t: summary(_intkeys(rs), policies) for t, rs in groups},
                           "seconds": round(time.perf_counter() - started, 1)}, indent=2))
         return 0
     print(f"$ {command}\n{len(runs)} workloads, seed {args.seed}, capacities at "
@@ -262,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
           + (f"{args.in_flight} requests in flight; " if args.in_flight else "")
           + (f"guard's miniatures of {sample_pages} pages; " if args.guard_sample_pages is not None else "") +
           f"{time.perf_counter() - started:.0f} s")
-    for title, rs in halves:
+    for title, rs in groups:
         print_half(title, rs, policies)
     if plot_path:
         print(f"\nplot: {shown(plot_path)}")

@@ -45,10 +45,10 @@ see predicts a return: per request, the share whose last page comes back
 within H requests, by the pages it added and by its turn (how many earlier
 requests it continues).
 
-    python -m pfxcache.tools.hindsight                    # the shared trace at 4 %
-    python -m pfxcache.tools.hindsight --workload chat --fraction 0.005 --horizons 256,1024
-    python -m pfxcache.tools.hindsight --trace their.jsonl --fraction 0.02   # a real trace of yours
-    python -m pfxcache.tools.hindsight --workload sizeskew --fraction 0.06 --share-weights ""   # with a0
+    scripts/research/run hindsight                    # the shared trace at 4 %
+    scripts/research/run hindsight --workload chat --fraction 0.005 --horizons 256,1024
+    scripts/research/run hindsight --trace their.jsonl --fraction 0.02   # a real trace of yours
+    scripts/research/run hindsight --workload sizeskew --fraction 0.06 --share-weights ""   # with a0
 """
 
 from __future__ import annotations
@@ -58,8 +58,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from . import adversarial, fifo_family, replay, workloads
-from .common import progress_bar, tool_parser
+from pfxcache.tools import replay
+from pfxcache.tools.common import progress_bar, tool_parser
+from research import adversarial, fifo_family, workloads
 
 NEVER = 1 << 62
 
@@ -319,7 +320,7 @@ def study(name: str, fraction: float, horizons: list[int], seed: int = 1, weight
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = tool_parser("hindsight", __doc__)
+    parser = tool_parser("research/run hindsight", __doc__)
     parser.add_argument("--workload", default="trace", choices=sorted(workloads.NAMES),
                         help="a suite, stress or adversarial workload")
     parser.add_argument("--fraction", type=float, default=0.04, help="capacity, share of distinct pages")

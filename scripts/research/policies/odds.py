@@ -1,29 +1,19 @@
-"""The ``odds`` eviction policy: LRU, each leaf held longer by the odds that leaves like it come back.
+"""The ``odds`` eviction policy (research, not shipped): LRU, each leaf held longer by the odds that leaves
+like it come back.
 
-What Belady keeps on the shared Mooncake trace at 4 % of its pages and LRU
-loses (``pfxcache.tools.hindsight``) is conversations whose next turn comes
-after 256 to 4,096 requests, where LRU forgets after ~500; an LRU told only
-*whether* each page comes back within 4,096 requests gets 2.21x LRU (Belady
-2.22x). What the cache can see about it: the share of requests whose
-conversation comes back falls from 0.50 (one page added) to 0.17 (128 and
-more) and rises from 0.31 (a first turn) to 0.75 (the seventh and later).
-An LRU whose keys are shifted by those shares, learned in hindsight per
-class of (pages added, turn), gets 1.24x at 4 % (1.45x at 3 %).
-
-So: a leaf's key is its last access tick plus SCALE x the store's turnover
-(the ticks it takes to fill with new pages: LRU's horizon, whatever this
-policy keeps) x the share of returns that came later than one turnover x
-p(class), where p is the share of the class's leaves seen coming back within
-HORIZON turnovers. Returns that LRU catches anyway need no boost: where
-they are most of them (a roomy arena) the boosts vanish and the order is
-LRU's (without that factor chat 6 % fell to 0.85x LRU). A class: log2 of
-the pages the access added (the new leaf's pages, or what lies past an
-evicted leaf it brings back) and the conversation's turn (its parent's turn
-+ 1, or the turn of the evicted leaf it brings back + 1). Counts halve
-every HALFLIFE new leaves; a class with fewer than MIN_STARTS gets the
-pooled share. "Came back": a lookup through it (its next push sees
+A leaf's key is its last access tick plus SCALE x the store's turnover (the
+ticks it takes to fill with new pages: LRU's horizon, whatever this policy
+keeps) x the share of returns that came later than one turnover x p(class),
+where p is the share of the class's leaves seen coming back within HORIZON
+turnovers. Returns that LRU catches anyway need no boost: where they are
+most of them (a roomy arena) the boosts vanish and the order is LRU's. A
+class: log2 of the pages the access added (the new leaf's pages, or what
+lies past an evicted leaf it brings back) and the conversation's turn (its
+parent's turn + 1, or the turn of the evicted leaf it brings back + 1).
+Counts halve every HALFLIFE new leaves; a class with fewer than MIN_STARTS
+gets the pooled share. "Came back": a lookup through it (its next push sees
 ``node.freq`` moved), or a new leaf covering its end after it was evicted
-(a ghost of ends: last page and namespace, bounded as ``ghost``'s). The
+(a ghost of ends: last page and namespace, bounded by ghosts.limit). The
 turnover needs the store's capacity (``for_store``); a miniature cache
 without one takes the most pages it held when it evicted.
 
@@ -31,15 +21,17 @@ Everything is in ticks (the store's logical clock), so replays in process
 and through the daemon agree. Cost: one heap entry per candidate change,
 O(log n) (keys are fixed when pushed, as ``lru``'s); a new leaf probes the
 ghost once per page (what storing them costs anyway). Memory: a small
-tuple per node (``Node.odds``), the ghost, two arrays of CLASSES counts.
+tuple per node (its ``policy_data``: class, freq, turn, came back), the
+ghost, two arrays of CLASSES counts. Why it was made, and what it measured:
+NOTES.md.
 """
 
 from __future__ import annotations
 
 import zlib
 
-from .ghosts import Ghost
-from .policies import GHOST_MAX, GHOST_MIN, GHOST_PER_LEAF, HeapPolicy
+from pfxcache.daemon.store.ghosts import Ghost, limit
+from pfxcache.daemon.store.policies import HeapPolicy
 
 PAGE_CLASSES = 9  # log2 buckets of pages added: 1, 2-3, .. 128+ (and 0)
 TURN_CLASSES = 7  # turns 0 .. 5, 6+
@@ -49,8 +41,8 @@ HORIZON = 8.0  # "came back": within HORIZON turnovers
 HALFLIFE = 4096  # new leaves after which counts weigh half
 MIN_STARTS = 16.0  # a class with fewer (weighted) leaves gets the pooled share
 LEARN_EVERY = 64  # new leaves between recomputations of the boosts
-EVICTION_AGE_WEIGHT = 0.01
-NODE_BYTES = 72  # Node.odds, a 4-tuple  # EWMA weight of one evicted leaf's age in the typical one
+EVICTION_AGE_WEIGHT = 0.01  # EWMA weight of one evicted leaf's age in the typical one
+NODE_BYTES = 72  # a node's 4-tuple
 
 
 def classify(pages: int, turn: int) -> int:
@@ -122,6 +114,8 @@ class OddsPolicy(HeapPolicy):
     """Evict the smallest last access + boost of the leaf's class; see the module docstring."""
 
     name = "odds"
+    summary = ("LRU, each leaf held longer by the learned share of leaves like it, by pages added and turn, "
+               "that came back")
     scope_shares_order = True  # keys come from the node and the shared boosts
 
     def __init__(self, model: OddsModel | None = None, scoped: bool = False) -> None:
@@ -150,7 +144,7 @@ class OddsPolicy(HeapPolicy):
         return super().memory_bytes(nodes, pages) + self._ghost.memory_bytes() + nodes * NODE_BYTES
 
     def key(self, node) -> tuple:  # (HeapPolicy's push uses it)
-        data = node.odds
+        data = node.policy_data
         return (node.tick + (self.model.boost[data[0]] if data is not None else 0.0),)
 
     def push(self, node, uncovered: bool = False) -> None:
@@ -158,19 +152,22 @@ class OddsPolicy(HeapPolicy):
             model = self.model
             if node.tick > model.now:
                 model.now = node.tick
-            data = node.odds
+            data = node.policy_data
             if data is None:
-                node.odds = self._start(node)
+                node.policy_data = self._start(node)
             elif node.freq != data[1]:
                 if not data[3] and node.gap:  # its first return since it was stored
                     model.returned(data[0], node.gap)
-                node.odds = (data[0], node.freq, data[2], True)
+                node.policy_data = (data[0], node.freq, data[2], True)
         super().push(node, uncovered)
+
+    def split(self, top, child, pages: int) -> None:
+        """The upper part of a cut edge starts with no state of its own (set when it is pushed)."""
 
     def _start(self, node) -> tuple:
         """(class, freq, turn, came back) of a node the policy has not seen: a new leaf, or an inner one uncovered."""
         parent = node.parent
-        prev = parent.odds if parent is not None and parent.parent is not None else None
+        prev = parent.policy_data if parent is not None and parent.parent is not None else None
         turn = prev[2] + 1 if prev is not None else (1 if parent is not None and parent.parent is not None else 0)
         pages = len(node.blocks)
         if node.freq or node.children:  # an inner node uncovered (a split's upper part): not a new access
@@ -205,7 +202,7 @@ class OddsPolicy(HeapPolicy):
     def evicted(self, node, whole: bool) -> None:
         if not whole or self.scoped:
             return
-        data = node.odds
+        data = node.policy_data
         model = self.model
         if node.tree.totals.pages > model.full:
             model.full = node.tree.totals.pages
@@ -216,4 +213,4 @@ class OddsPolicy(HeapPolicy):
         h = zlib.crc32(node.key[-tree.page_bytes :], zlib.crc32(tree.scope))
         ghost = self._ghost
         ghost.put(h, data[0], node.tick, data[2])
-        ghost.trim(max(GHOST_MIN, min(GHOST_PER_LEAF * self.live, GHOST_MAX)))
+        ghost.trim(limit(self.live))

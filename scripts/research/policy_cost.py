@@ -6,11 +6,12 @@ Two measures:
   full hit of 256 pages) against a ``--maxmemory 64mb --arena memory`` daemon (4,096 blocks: the
   guard's sampling rate is 1 there, its worst case) under each policy, rounds interleaved; prints
   requests/s, the daemon's CPU time per request (``/proc/PID/stat``) and each policy's rate
-  relative to ``lru``'s;
+  relative to ``lru``'s. A daemon offers the shipped policies only, so a research policy
+  (research.policies) is measured with ``--rounds 0``: the trace alone;
 * **trace**: the shared Mooncake trace replayed in process (``replay.replay_store``) at each
   ``--capacities``; CPU time per request and relative to ``lru``.
 
-    python -m pfxcache.tools.policy_cost [--policies lru,guard] [--seconds 3] [--rounds 2]
+    scripts/research/run policy_cost [--policies lru,guard] [--seconds 3] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def trace_cpu(policy: str, capacity: int) -> tuple[float, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pfxcache.tools.policy_cost", description=__doc__,
+    parser = argparse.ArgumentParser(prog="scripts/research/run policy_cost", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policies", default="lru,guard", help="policies, lru first (default lru,guard)")
     parser.add_argument("--seconds", type=float, default=3.0, help="seconds per hot PFXGET run (default 3)")
@@ -85,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     if policies[0] != "lru":
         policies.insert(0, "lru")
     capacities = [int(c) for c in args.capacities.split(",") if c.strip()]
+    from research.policies import RESEARCH
+
+    unserved = [p for p in policies if p in RESEARCH]
+    if unserved and args.rounds:
+        parser.error(f"a daemon does not offer {', '.join(unserved)} (research policies): give --rounds 0 "
+                     "to measure the trace only")
     bar = progress_bar(args.rounds * len(policies) + len(capacities) * len(policies), "policy cost", "run")
     rates: dict[str, list[float]] = {p: [] for p in policies}
     cpus: dict[str, list[float]] = {p: [] for p in policies}
@@ -100,13 +107,14 @@ def main(argv: list[str] | None = None) -> int:
             traces[capacity, policy] = trace_cpu(policy, capacity)
             bar.update(1)
     bar.close()
-    print("hot PFXGET bench PACKED <4,096 tokens> NOLEASE, one redis-py client, --maxmemory 64mb --arena memory")
-    print(f"{'policy':8}{'requests/s per round':>28}{'daemon CPU us/req':>20}{'rate vs lru':>13}")
-    lru_rate = sum(rates["lru"])
-    for policy in policies:
-        shown = " / ".join(f"{r:,.0f}" for r in rates[policy])
-        cpu = " / ".join(f"{c:.0f}" for c in cpus[policy])
-        print(f"{policy:8}{shown:>28}{cpu:>20}{sum(rates[policy]) / lru_rate:>12.2f}x")
+    if args.rounds:
+        print("hot PFXGET bench PACKED <4,096 tokens> NOLEASE, one redis-py client, --maxmemory 64mb --arena memory")
+        print(f"{'policy':8}{'requests/s per round':>28}{'daemon CPU us/req':>20}{'rate vs lru':>13}")
+        lru_rate = sum(rates["lru"])
+        for policy in policies:
+            shown = " / ".join(f"{r:,.0f}" for r in rates[policy])
+            cpu = " / ".join(f"{c:.0f}" for c in cpus[policy])
+            print(f"{policy:8}{shown:>28}{cpu:>20}{sum(rates[policy]) / lru_rate:>12.2f}x")
     if capacities:
         print("shared trace in process (replay_store), CPU time per request")
         print(f"{'pages':>7}  " + "".join(f"{p:>18}" for p in policies))

@@ -8,8 +8,9 @@ this order:
 
 * **tree**: the radix trees' nodes, their keys (the pages' token bytes), block ids and child
   dicts: what every policy needs, more or fewer nodes as the policy keeps other pages;
-* **node policy data**: what the policy hangs on the live nodes (reuse's ``Access``, tempo's
-  tuple, the guard's sampling hashes, listed apart as **sample hashes**);
+* **node policy data**: what the policy hangs on the live nodes (``node.policy_data``: reuse's
+  ``Access``, tempo's tuple, the guard's GuardState; its sampling hashes listed apart as
+  **sample hashes**);
 * **orders**: the heap and bucket entries of the policy's orders (five for ``guard``), stale
   ones included;
 * **evicted nodes**: nodes no longer in any tree that stale entries still hold, with their keys;
@@ -22,7 +23,7 @@ store's metadata under lru). The components are sized by walking the objects
 (``sys.getsizeof`` and ``gc.get_referents``), so they add up to the total within the
 allocator's rounding; ``unsized`` is the difference (what no walk from the store reaches).
 
-    python -m pfxcache.tools.policy_memory [--workloads trace,agentic] [--capacities 1000,30000]
+    scripts/research/run policy_memory [--workloads trace,agentic] [--capacities 1000,30000]
         [--policies lru,guard] [--json]
 """
 
@@ -102,10 +103,11 @@ def breakdown(store) -> dict[str, int]:
     for tree in trees:  # (its index is the policy's: sized below)
         out["tree"] += sizer.shallow(tree) + sizer.shallow(tree.__dict__)
     for node in nodes:
-        out["node policy data"] += sizer.size(node.policy_data, node.tempo, node.lhd, node.odds)
-        hashes = node.sample_hashes
+        state = node.policy_data
+        hashes = getattr(state, "samples", None)  # the guard's sampling identities, apart (sized first)
         if hashes is not None:
             out["sample hashes"] += sizer.shallow(hashes) + sizer.size(_base(hashes))
+        out["node policy data"] += sizer.size(state)
     minis = getattr(policy, "minis", None)
     if minis is not None:
         mini_sizer = _Sizer()  # everything a miniature holds is its own, its nodes included
@@ -239,7 +241,7 @@ def _table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pfxcache.tools.policy_memory", description=__doc__,
+    parser = argparse.ArgumentParser(prog="scripts/research/run policy_memory", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", default="trace,agentic", help="suite workloads (default trace,agentic)")
     parser.add_argument("--capacities", default="1000,30000", help="capacities in pages (default 1000,30000)")

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .replay import DEFAULT_NS, MOONCAKE_BLOCK, Request, Trace
+from pfxcache.tools.replay import DEFAULT_NS, MOONCAKE_BLOCK, Request, Trace
 
 
 class _Ids:
@@ -395,7 +395,7 @@ def sizeskew_odds() -> dict[int, float]:
 
     ``sizeskew`` draws every request independently of the ones before, from fixed odds (70 % a short
     prompt by Zipf, 30 % one of the documents, uniformly), so these odds are all a policy could
-    ever learn about it (pfxcache.tools.hindsight's ``a0`` bound).
+    ever learn about it (research.hindsight's ``a0`` bound).
     """
     short, long, weights = _sizeskew_prompts(random.Random(_SETS["FIRST"]["sizeskew"][1]), _Ids())
     odds = {page: SIZESKEW_SHORT * float(w) for prompt, w in zip(short, weights) for page in prompt}

@@ -1,0 +1,107 @@
+"""Lookups: the longest cached whole-page prefix of a prompt, and the lease that pins it.
+
+A lookup walks one radix tree (the namespace's shard of the prompt), splitting the last
+matched edge so that a pin covers exactly the match, touches the path (what the eviction
+policy orders by) and tells the policy what was asked and found. It never creates a
+namespace: unknown keys cost no memory, and their counters go to the retired record so the
+global counters still add up. Hits and misses are counted in tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .arguments import TOKEN_BYTES, namespace_name, packed_tokens
+from .results import MatchResult
+
+if TYPE_CHECKING:
+    from .keyspace import NamespaceKeys
+    from .leases import Leases
+    from .namespaces import Namespaces
+    from .partitions import ArenaPartitions
+
+
+class Lookups:
+    """The store's read path (see the module docstring), with its hit and miss counters."""
+
+    def __init__(self, *, namespaces: Namespaces, keys: NamespaceKeys, partitions: ArenaPartitions,
+                 leases: Leases, clock: Callable[[], float], shard_of: Callable[[bytes, bytes], int],
+                 page_size: int, page_bytes: int) -> None:
+        self._records = namespaces.records
+        self._retired = namespaces.retired
+        self._keys = keys
+        self._partitions = partitions
+        self._totals = partitions.totals
+        self._leases = leases
+        self._clock = clock
+        self._shard_of = shard_of
+        self._page_size = page_size
+        self._page_bytes = page_bytes
+        self.hits = 0  # tokens
+        self.misses = 0  # tokens
+
+    def match(self, ns, tokens, lease: bool = True, ttl_ms: int | None = None, owner: int = 0,
+              transient: bool = False) -> MatchResult:
+        """Longest cached whole-page prefix of ``tokens`` in ``ns``.
+
+        Counts hits/misses in tokens, touches the matched path (time and
+        frequency), and with ``lease`` pins it under a READ lease of ``owner``.
+        Cost: O(len(tokens)) bytes compared at C speed, O(path nodes) Python steps.
+        ``transient``: the lease only pins the pages while the daemon copies them out (a
+        WITHDATA NOLEASE lookup): it is not held to client-lease-limit or the quotas.
+        """
+        name = namespace_name(ns)
+        tokens = packed_tokens(tokens)
+        leases = self._leases
+        deadline = leases.deadline(ttl_ms) if lease else math.inf
+        npages = len(tokens) // self._page_bytes
+        retired = self._retired
+        rec = self._records.get(name, retired)
+        if rec.expires_at is not None and self._keys.live(name) is None:
+            rec = retired
+        if rec is not retired:
+            self._keys.record_access(rec)
+        pages = 0
+        blocks: list[int] = []
+        lease_id = 0
+        tree = rec.trees.get(self._shard_of(name, tokens)) if npages else None
+        node = None
+        if tree is not None:
+            node, pages = tree.locate(tokens, npages)  # split so a pin covers exactly the match
+            if pages and lease and not transient:
+                leases.check_room(owner, rec.quota, pages)  # refused: nothing but the split changed
+            if pages:
+                self._totals.ticks += 1
+                if lease:
+                    # Pin before touching: the leased path leaves the eviction index once
+                    # and re-enters it (with its new priority) when the lease ends.
+                    tree.pin(node)
+                tree.touch(node, self._clock(), hit=True)
+                blocks = tree.path_blocks(node, cache=True)
+                if lease:
+                    lease_id = leases.take_read(owner, rec, deadline, node, list(blocks))
+        if npages:
+            partitions = self._partitions
+            index = partitions.index if not partitions.parts else (rec.part or partitions.part_of(name)).index
+            index.looked_up(name, tokens, npages, pages, node, lease_id)
+        matched = pages * self._page_size
+        missed = len(tokens) // TOKEN_BYTES - matched
+        rec.hits += matched
+        rec.misses += missed
+        self.hits += matched
+        self.misses += missed
+        return MatchResult(matched, lease_id, blocks)
+
+    def cached_tokens(self, ns, tokens) -> int:
+        """Tokens of the longest cached whole-page prefix, without touching, counting or leasing anything."""
+        name = namespace_name(ns)
+        tokens = packed_tokens(tokens)
+        npages = len(tokens) // self._page_bytes
+        rec = self._records.get(name)
+        tree = rec.trees.get(self._shard_of(name, tokens)) if rec is not None and npages else None
+        if tree is None:
+            return 0
+        _, pages, _, extra = tree.walk(tokens, npages)
+        return (pages + extra) * self._page_size
