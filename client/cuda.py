@@ -57,7 +57,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pfxcache.daemon.store.cuda_arena import blocks_from_host, blocks_to_host, check_handle, contiguous_runs, count_runs
+
+from pfxcache.cuda_ipc import blocks_from_host, blocks_to_host, check_handle, contiguous_runs, count_runs
 
 __all__ = ["CudaArenaInfo", "CudaArenaView", "attach_cuda", "parse_arena_info", "word_bytes"]
 

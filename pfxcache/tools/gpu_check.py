@@ -175,7 +175,7 @@ def _positions(blocks, shuffled) -> list[int]:
 
 def _runs(blocks) -> int:
     import numpy as np
-    from pfxcache.daemon.store.cuda_arena import count_runs
+    from pfxcache.cuda_ipc import count_runs
 
     return count_runs(np.asarray(blocks))
 
