@@ -11,7 +11,8 @@ Python value         RESP3                     RESP2
 ``Error``            ``-CODE message``         same
 ``bool``             ``#t`` / ``#f``           ``:1`` / ``:0``
 ``int``              ``:n``                    same
-``float``            ``,0.8`` (shortest)       bulk string of the same text
+``float``            ``,%.17g`` (``inf``)      bulk string of the same text
+``ShortestDouble``   ``,0.8`` (shortest)       bulk string of the same text
 ``bytes``/``str``    ``$len`` bulk string      same
 ``None``             ``_`` null                ``$-1`` (null bulk)
 ``NULL_ARRAY``       ``_`` null                ``*-1`` (null array)
@@ -56,6 +57,7 @@ __all__ = [
     "encode_into",
     "ReplyBuffer",
     "quoted",
+    "ShortestDouble",
 ]
 
 _NEG_INF = -_INF
@@ -184,19 +186,31 @@ _INTEGRAL_DOUBLE_LIMIT = float((2**63 - 1) // 2)
 
 
 def _format_double(value: float) -> bytes:
-    """A double as redis-server 7.2 and later write it in replies (``d2string``): the shortest text that
-    reads back as it.
-
-    ``nan``, ``inf``/``-inf``, ``0``/``-0``; a whole number within
-    :data:`_INTEGRAL_DOUBLE_LIMIT` as an integer; anything else as the
-    shortest round-trip digits, laid out as ``fpconv_dtoa`` lays them out
-    (:func:`_layout_digits`). So 0.8 is ``0.8``, where 7.0's ``%.17g`` wrote
-    ``0.80000000000000004``; a client parses back the very same double either way.
-    """
+    # Redis 7.0 formats doubles with "%.17g" and spells infinities "inf"/"-inf".
     if value != value:
         return b"nan"
     if value in (_INF, _NEG_INF):
         return b"inf" if value > 0 else b"-inf"
+    return (b"%.17g" % value)
+
+
+class ShortestDouble(float):
+    """A double written as redis-server 7.2 and later write doubles (``d2string``): the shortest text that
+    reads back as it, so 0.8 is ``0.8`` where 7.0's ``%.17g`` writes ``0.80000000000000004``.
+
+    Replies that redis-server 7.0.15 defines keep its ``%.17g`` (a plain ``float``); pfxcached's own
+    commands use this, for people reading them in redis-cli. A client parses the same double either way.
+    """
+
+    __slots__ = ()
+
+
+def _format_shortest(value: float) -> bytes:
+    """``nan``, ``inf``/``-inf``, ``0``/``-0``; a whole number within :data:`_INTEGRAL_DOUBLE_LIMIT` as
+    an integer; anything else as the shortest round-trip digits, laid out as ``fpconv_dtoa`` lays them
+    out (:func:`_layout_digits`)."""
+    if value != value or value in (_INF, _NEG_INF):
+        return _format_double(value)
     if value == 0:
         return b"-0" if copysign(1.0, value) < 0 else b"0"
     if -_INTEGRAL_DOUBLE_LIMIT <= value <= _INTEGRAL_DOUBLE_LIMIT and value == int(value):
@@ -379,7 +393,7 @@ def _encode_map(buf: ReplyBuffer, value: dict, resp: int) -> None:
 
 
 def _encode_double(buf: ReplyBuffer, value: float, resp: int) -> None:
-    text = _format_double(value)
+    text = _format_shortest(value) if value.__class__ is ShortestDouble else _format_double(value)
     if resp == 3:
         buf.write(b",%s\r\n" % text)
     else:
@@ -441,6 +455,7 @@ _ENCODERS: dict[type, Any] = {
     IntArray: _encode_encoded_ints,
     dict: _encode_map,
     float: _encode_double,
+    ShortestDouble: _encode_double,
     set: _encode_set,
     frozenset: _encode_set,
     Set: _encode_set,

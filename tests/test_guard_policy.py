@@ -408,7 +408,7 @@ def test_a_spent_budget_keeps_lru_driving():
 
 def growing_loop_trace(first: int = 20, every: int = 50, requests: int = 4000, seed: int = 3) -> replay.Trace:
     """Documents of 5-15 pages read round-robin, one more document every 50 requests: the loop fits the cache,
-    then it does not (pfxcache.tools.adversarial's growing-loop, shorter)."""
+    then it does not (research.adversarial's growing-loop, shorter)."""
     rng = random.Random(seed)
     ids = itertools.count(10**6)
     docs = [[next(ids) for _ in range(rng.randint(5, 15))] for _ in range(first)]

@@ -19,6 +19,7 @@ from pfxcache.protocol.replies import (
     Push,
     ReplyBuffer,
     Set,
+    ShortestDouble,
     SimpleString,
     Verbatim,
     encode,
@@ -59,24 +60,32 @@ CASES = [
     (-42, b":-42\r\n", b":-42\r\n"),
     (2**63 - 1, b":9223372036854775807\r\n", b":9223372036854775807\r\n"),
     (-(2**63), b":-9223372036854775808\r\n", b":-9223372036854775808\r\n"),
-    # Doubles as Redis's d2string writes them: the shortest text that reads back as the same double.
+    # Plain floats as redis-server 7.0.15 writes doubles: "%.17g".
     (1.5, b"$3\r\n1.5\r\n", b",1.5\r\n"),
     (3.0, b"$1\r\n3\r\n", b",3\r\n"),
-    (0.1, b"$3\r\n0.1\r\n", b",0.1\r\n"),
-    (0.8, b"$3\r\n0.8\r\n", b",0.8\r\n"),
-    (0.1 + 0.2, b"$19\r\n0.30000000000000004\r\n", b",0.30000000000000004\r\n"),
-    (-2.25, b"$5\r\n-2.25\r\n", b",-2.25\r\n"),
+    (0.1, b"$19\r\n0.10000000000000001\r\n", b",0.10000000000000001\r\n"),
+    (0.8, b"$19\r\n0.80000000000000004\r\n", b",0.80000000000000004\r\n"),
     (-0.0, b"$2\r\n-0\r\n", b",-0\r\n"),
-    (0.0, b"$1\r\n0\r\n", b",0\r\n"),
-    (1e16, b"$17\r\n10000000000000000\r\n", b",10000000000000000\r\n"),
-    (2.0**62, b"$19\r\n4611686018427387904\r\n", b",4611686018427387904\r\n"),
-    (5e18, b"$5\r\n5e+18\r\n", b",5e+18\r\n"),
-    (1.2345678901234567e19, b"$20\r\n12345678901234567000\r\n", b",12345678901234567000\r\n"),
     (1e20, b"$5\r\n1e+20\r\n", b",1e+20\r\n"),
-    (1e300, b"$6\r\n1e+300\r\n", b",1e+300\r\n"),
-    (1e-5, b"$7\r\n0.00001\r\n", b",0.00001\r\n"),
-    (1.5e-7, b"$6\r\n1.5e-7\r\n", b",1.5e-7\r\n"),
-    (-1e-300, b"$7\r\n-1e-300\r\n", b",-1e-300\r\n"),
+    (1.5e-7, b"$22\r\n1.4999999999999999e-07\r\n", b",1.4999999999999999e-07\r\n"),
+    # pfxcached's own doubles (ShortestDouble) as Redis 7.2's d2string writes them: the shortest text that reads back as the same double.
+    (ShortestDouble(1.5), b"$3\r\n1.5\r\n", b",1.5\r\n"),
+    (ShortestDouble(3.0), b"$1\r\n3\r\n", b",3\r\n"),
+    (ShortestDouble(0.1), b"$3\r\n0.1\r\n", b",0.1\r\n"),
+    (ShortestDouble(0.8), b"$3\r\n0.8\r\n", b",0.8\r\n"),
+    (ShortestDouble(0.1 + 0.2), b"$19\r\n0.30000000000000004\r\n", b",0.30000000000000004\r\n"),
+    (ShortestDouble(-2.25), b"$5\r\n-2.25\r\n", b",-2.25\r\n"),
+    (ShortestDouble(-0.0), b"$2\r\n-0\r\n", b",-0\r\n"),
+    (ShortestDouble(0.0), b"$1\r\n0\r\n", b",0\r\n"),
+    (ShortestDouble(1e16), b"$17\r\n10000000000000000\r\n", b",10000000000000000\r\n"),
+    (ShortestDouble(2.0**62), b"$19\r\n4611686018427387904\r\n", b",4611686018427387904\r\n"),
+    (ShortestDouble(5e18), b"$5\r\n5e+18\r\n", b",5e+18\r\n"),
+    (ShortestDouble(1.2345678901234567e19), b"$20\r\n12345678901234567000\r\n", b",12345678901234567000\r\n"),
+    (ShortestDouble(1e20), b"$5\r\n1e+20\r\n", b",1e+20\r\n"),
+    (ShortestDouble(1e300), b"$6\r\n1e+300\r\n", b",1e+300\r\n"),
+    (ShortestDouble(1e-5), b"$7\r\n0.00001\r\n", b",0.00001\r\n"),
+    (ShortestDouble(1.5e-7), b"$6\r\n1.5e-7\r\n", b",1.5e-7\r\n"),
+    (ShortestDouble(-1e-300), b"$7\r\n-1e-300\r\n", b",-1e-300\r\n"),
     (math.inf, b"$3\r\ninf\r\n", b",inf\r\n"),
     (-math.inf, b"$4\r\n-inf\r\n", b",-inf\r\n"),
     (b"", b"$0\r\n\r\n", b"$0\r\n\r\n"),
@@ -133,7 +142,9 @@ def _expected_decoded(value, resp: int):
     if isinstance(value, float):
         if resp == 3:
             return value
-        return _ShortestText(value)
+        if isinstance(value, ShortestDouble):
+            return _ShortestText(value)
+        return (b"%.17g" % value) if math.isfinite(value) else (b"inf" if value > 0 else b"-inf")
     if isinstance(value, str):
         return value.encode()
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -227,7 +238,7 @@ def test_encode_many():
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.binary(max_size=40)
-    | st.floats(allow_nan=False),
+    | st.floats(allow_nan=False) | st.floats(allow_nan=False).map(ShortestDouble),
     lambda children: st.lists(children, max_size=5)
     | st.dictionaries(st.binary(max_size=8), children, max_size=4),
     max_leaves=25,

@@ -218,6 +218,18 @@ def test_a_daemon_of_another_page_size_is_refused_and_left_unchanged(running_dae
     assert _held_and_policy(url, client) == (64, "lfu")  # the namespace still holds its prompt, lfu still rules
 
 
+def test_a_research_policy_is_refused_for_a_daemon_before_anything_runs(running_daemon, capsys):
+    """A daemon offers the shipped policies only: a research one is refused up front, the daemon untouched."""
+    url, client = running_daemon
+    with research_policies():
+        with pytest.raises(SystemExit) as exit_info:
+            replay.main(["--generate", "sessions", "--sessions", "10", "--block-tokens", "32", "--mode", "daemon",
+                         "--url", url, "--policies", "lru,reuse", "--no-plot", "--quiet", "--no-belady"])
+    assert exit_info.value.code == 2
+    assert "policy 'reuse' is not one a daemon offers (it runs in --mode store only" in capsys.readouterr().err
+    assert _held_and_policy(url, client) == (64, "lfu")
+
+
 def test_a_replay_against_a_daemon_sets_its_policy_back_however_it_ends(running_daemon, monkeypatch, capsys):
     url, client = running_daemon
     argv = ["--generate", "sessions", "--sessions", "10", "--block-tokens", "32", "--mode", "daemon", "--url", url,

@@ -34,6 +34,13 @@ from pfxcache.daemon.store import (
 )
 from pfxcache.daemon.store.quotas import QuotaBook
 
+import research_support  # noqa: F401 - scripts/ on sys.path: the research package
+from research import policies as research_policies
+
+# The state machines below draw their policy from the registry: every policy, research ones included,
+# whichever other test modules this run collected (registering is idempotent).
+research_policies.register()
+
 PS = 4  # tokens per page in these tests
 BB = 16  # bytes per block
 

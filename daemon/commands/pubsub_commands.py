@@ -5,7 +5,7 @@ Replies are redis-server 7.0's, byte for byte: one ``subscribe``/``unsubscribe``
 (``psubscribe``...) reply per channel, each with the client's subscription
 count after it, as a RESP2 array or a RESP3 push; ``UNSUBSCRIBE`` with no
 argument and no subscription answers with a null channel. The state lives in
-``daemon/pubsub.py``; messages reach a subscriber through its push queue.
+``daemon/service/pubsub.py``; messages reach a subscriber through its push queue.
 """
 
 from __future__ import annotations

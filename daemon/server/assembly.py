@@ -180,9 +180,9 @@ async def open_metrics(config: Config, server: Server, stack: contextlib.AsyncEx
     except OSError as exc:
         raise StartupError(f"Cannot open the metrics endpoint on port {config['metrics-port']}: "
                            f"{exc.strerror or exc}") from exc
-    if metrics is not None:
-        for listener in metrics.listeners:  # serve() closes them too: closing twice is harmless
-            stack.push_async_callback(listener.aclose)
+    # not None: open() returns None only for port 0, returned above
+    for listener in metrics.listeners:  # serve() closes them too: closing twice is harmless
+        stack.push_async_callback(listener.aclose)
     return metrics
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterator
 
-from pfxcache.daemon.commands.context import MUTE_OFF  # noqa: F401  (Client.mute under CLIENT REPLY OFF)
-
 
 class Client:
     """One connected client, as Redis describes it in ``CLIENT LIST``."""
@@ -70,7 +68,7 @@ class Client:
         self.open_push: Callable[[], object] = lambda: None
         #: transactions.MultiState between MULTI and EXEC/DISCARD (None outside a transaction).
         self.multi = None
-        #: CLIENT REPLY: 0 replies are written; MUTE_OFF (OFF) none until ON; n > 0 (SKIP) the
+        #: CLIENT REPLY: 0 replies are written; commands.context.MUTE_OFF (OFF) none until ON; n > 0 (SKIP) the
         #: next n are dropped (the SKIP's own, then the next command's).
         self.mute = 0
         #: In MONITOR mode (Redis treats a monitor as a replica: flag O, no keyspace commands).

@@ -464,7 +464,7 @@ class PrefixService:
         predicate its key patterns make. Its keyless PFXINFO then sums only the namespaces it may
         use, and leaves out what would tell it about the others or where the arena lives: free
         blocks, what the policy learned, the arena's name and path (a tenant's worker moves bytes
-        over RESP, see README "Isolation").
+        over RESP, see docs/operating.md#isolation).
         """
         store = self.store
         if visible is not None:

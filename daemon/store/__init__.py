@@ -24,11 +24,11 @@ from array import array
 from .allocator import FREE, LEASED, TREE, BlockAllocator
 from .arena import Arena, MemfdArena, MemoryArena, ShmArena
 from .errors import BadRequest, NoPrefix, OutOfMemory, StoreError
+from .inserts import InsertPlan
 from .leases import ALLOC, READ, Lease, LeaseTable
 from .policies import EvictionIndex
 from .radix import Node, RadixTree
 from .registry import POLICIES
-from .inserts import InsertPlan
 from .results import AllocResult, EvictResult, InsertResult, MatchResult
 from .store import PrefixStore
 

@@ -178,7 +178,7 @@ class MemfdArena(Arena):
     else can take, squat or plant a fifo under. Workers open it by ``path``,
     ``/proc/<daemon pid>/fd/<fd>``, which the kernel lets only processes open that may also
     ptrace the daemon (its own user, or root): a tenant's worker running as another user
-    cannot map it at all (README "Isolation").
+    cannot map it at all (docs/operating.md#isolation).
     """
 
     backend = "shm"

@@ -1,6 +1,6 @@
 """Stable block hashes: one 64-bit id per cached page, chained over the namespace and the tokens.
 
-The definition (documented in the README, stable across releases and hosts,
+The definition (documented in docs/integrations.md#kv-events-for-routers, stable across releases and hosts,
 independent of PYTHONHASHSEED)::
 
     seed(namespace)        = blake2b(b"pfxcache-namespace\\0" + namespace, digest_size=8)

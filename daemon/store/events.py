@@ -4,7 +4,7 @@ The store calls one ``StoreEvents`` sink, synchronously, at the moment a change
 happens: pages linked into a tree by an insert, pages removed by eviction,
 PFXEVICT or a namespace's deletion, and everything cleared by FLUSHALL. The
 sink must be cheap and must not call back into the store: the daemon's sink
-(``daemon/kv_events.py``) only queues the facts for a publisher thread and the
+(``daemon/service/kv_events.py``) only queues the facts for a publisher thread and the
 pub/sub channels. With no sink set the store computes nothing.
 
 Pages are named by their stable block hashes (``block_hashes.py``); a stored

@@ -26,7 +26,7 @@ _COMPACT_SLACK = 64
 GHOST_MIN = 4096  # entries a policy's ghost keeps at least ...
 GHOST_PER_LEAF = 4  # ... and up to this many per indexed candidate ...
 GHOST_MAX = 1 << 18  # ... but never more
-ENTRY_BYTES = 165  # a dict entry, its int key and its record int (pfxcache.tools.policy_memory, CPython 3.11)
+ENTRY_BYTES = 165  # a dict entry, its int key and its record int (research.policy_memory, CPython 3.11)
 
 
 def limit(live: int) -> int:

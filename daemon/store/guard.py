@@ -82,7 +82,7 @@ import numpy as np
 
 from .lhd import MIN_EVENTS, LHDPolicy
 from .miniatures import MiniCache, PageSampler
-from .policies import HybridPolicy, LRUPolicy, SharedSeq, _bucket
+from .policies import HybridPolicy, LRUPolicy, SharedSeq, bucket
 from .policy import Policy, field_of
 from .reuse import ReusePolicy
 from .tempo import TempoPolicy
@@ -142,7 +142,7 @@ class TickHybridPolicy(HybridPolicy):
     def push(self, node, uncovered: bool = False) -> None:
         if self._own and node.tick > self.clock.now:
             self.clock.now = node.tick
-        heapq.heappush(self._buckets[_bucket(node.freq)], (node.tick, next(self._seq), node.version, node))
+        heapq.heappush(self._buckets[bucket(node.freq)], (node.tick, next(self._seq), node.version, node))
         self.live += 1
         self._entries += 1
 

@@ -36,7 +36,7 @@ from .policy import EvictionOrder, Policy
 _COMPACT_SLACK = 64
 HYBRID_BUCKETS = 33  # freq.bit_length() of 0 .. 2**32-1, capped
 # What INFO's used_memory_policy counts per entry of an order (its tuple, list slot and push
-# number; stale entries too), as pfxcache.tools.policy_memory measures it on CPython 3.11
+# number; stale entries too), as research.policy_memory measures it on CPython 3.11
 ORDER_ENTRY_BYTES = 100
 
 
@@ -180,7 +180,8 @@ class LFUPolicy(HeapPolicy):
         return (node.freq, node.last_access)
 
 
-def _bucket(freq: int) -> int:
+def bucket(freq: int) -> int:
+    """The hybrid heap a frequency files under: its bit length, capped (``hybrid``, ``guard``)."""
     return min(freq.bit_length(), HYBRID_BUCKETS - 1)
 
 
@@ -257,7 +258,7 @@ class HybridPolicy(BucketedHeaps):
         super().__init__(HYBRID_BUCKETS)
 
     def push(self, node, uncovered: bool = False) -> None:
-        self._file(_bucket(node.freq), (node.last_access, next(self._seq), node.version, node))
+        self._file(bucket(node.freq), (node.last_access, next(self._seq), node.version, node))
 
     def peek(self, now: float):
         best = None

@@ -104,11 +104,6 @@ class TenantQuotas:
         self._leases = leases
         self._evictor = evictor
 
-    @property
-    def book(self) -> QuotaBook:
-        """The rules in force."""
-        return self._names.quotas
-
     def set(self, quotas: QuotaBook) -> None:
         """Put new tenant rules in force (CONFIG SET tenant-quota): every namespace is matched again
         and the counters recounted from what is held now. O(namespaces + leases). What a tenant

@@ -363,11 +363,6 @@ class PrefixStore:
         return self._inserts.stored
 
     @property
-    def namespace_epoch(self) -> int:
-        """Changes whenever a namespace appears or goes."""
-        return self._names.epoch
-
-    @property
     def parts(self) -> list:
         """The arena partitions, the remainder last (empty: none configured)."""
         return self._partitions.parts

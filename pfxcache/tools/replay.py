@@ -30,10 +30,11 @@ Modes:
                  size must be the replay's; a refusal changes nothing on it),
                  and its policy is set back when the replay ends, however it
                  ends.
-  Both modes give the same hit rates for lru, lfu, ghost, reuse and guard
-  (their order depends only on the order of accesses; reuse and guard count
-  time in the store's ticks); hybrid scores ages in seconds in the daemon, so its figures
-  may differ a little there.
+  Both modes give the same hit rates for lru, lfu, tempo and guard (their
+  order depends only on the order of accesses; tempo and guard count time in
+  the store's ticks); hybrid scores ages in seconds in the daemon, so its figures
+  may differ a little there. A daemon offers the shipped policies only: the
+  research policies (scripts/research/run replay) replay in store mode.
 
 Belady (offline reference): at page granularity, evict the cached page whose
 next use is farthest in the future, among pages not in the current request;
@@ -87,7 +88,7 @@ bytes of one page; default 64 MiB = Llama-3-8B fp16 at 512 tokens), and
 "unlimited" never evicts.
 
     scripts/replay                                    # the shared Mooncake trace, all policies
-    scripts/replay --capacities 1000,3000 --policies lru,ghost,reuse
+    scripts/replay --capacities 1000,3000 --policies lru,tempo,guard
     scripts/replay --generate sessions                # the generated workload
     scripts/replay --mode daemon --capacities 1000 trace.jsonl
     scripts/replay --capacities 2000,20000 kv-cache-tester/traces/   # kv-cache-tester's traces, native
@@ -559,7 +560,7 @@ def plot(results: dict, capacities: list[int], policies: list[str], path: Path, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pfxcache.daemon.store.registry import POLICIES
+    from pfxcache.daemon.store.registry import POLICIES, SHIPPED
 
     parser = tool_parser("replay", __doc__)
     parser.add_argument("traces", nargs="*", type=Path,
@@ -597,8 +598,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(default 1000,3000,10000,30000,unlimited)")
     parser.add_argument("--block-bytes", type=int, default=DEFAULT_BLOCK_BYTES,
                         help="KV bytes of one page, to turn byte capacities into pages (default 64 MiB)")
-    parser.add_argument("--policies", default=",".join(POLICIES),
-                        help=f"comma-separated eviction policies (default {','.join(POLICIES)})")
+    parser.add_argument("--policies",
+                        help=f"comma-separated eviction policies (default {','.join(POLICIES)}; "
+                             f"with --mode daemon, those a daemon offers: {','.join(SHIPPED)})")
     parser.add_argument("--no-belady", action="store_true", help="skip the offline Belady reference")
     parser.add_argument("--page-size", type=int, help="tokens per page (default: the trace's block, 512 for Mooncake)")
     parser.add_argument("--block-tokens", type=int,
@@ -613,10 +615,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
 
+    if args.policies is None:
+        args.policies = ",".join(SHIPPED if args.mode == "daemon" else POLICIES)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in policies:
         if p not in POLICIES:
             parser.error(f"unknown policy {p!r} (known: {', '.join(POLICIES)})")
+        if args.mode == "daemon" and p not in SHIPPED:
+            parser.error(f"policy {p!r} is not one a daemon offers (it runs in --mode store only; "
+                         f"a daemon's: {', '.join(SHIPPED)})")
     try:
         capacities = [parse_capacity(c, args.block_bytes) for c in args.capacities.split(",") if c.strip()]
     except ValueError as exc:

@@ -1,7 +1,7 @@
 """Adversarial workloads: loops, phases and drifts the suite's shapes do not have, in three sets.
 
 Made in the round that gave ``guard`` its fifth expert (``lhd``) and its budget, to look
-for what breaks it, each set judged before the next was written (scripts/README.md,
+for what breaks it, each set judged before the next was written (scripts/research/README.md,
 "Loops and phases"):
 
   ``FIRST``   written to look for shapes where the guard falls below LRU or gains nothing;
