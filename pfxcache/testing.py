@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,21 +47,26 @@ class Daemon:
     host: str
     port: int
     log: list[str] = field(default_factory=list)
+    scratch: str | None = None  # the working directory start_daemon made for it, removed by stop()
 
     @property
     def address(self) -> tuple[str, int]:
         return (self.host, self.port)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                raise AssertionError("pfxcached did not exit in time after %s" % sig)
-        return self.proc.returncode
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(sig)
+                try:
+                    self.proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+                    raise AssertionError("pfxcached did not exit in time after %s" % sig)
+            return self.proc.returncode
+        finally:
+            if self.scratch is not None and self.proc.poll() is not None:
+                shutil.rmtree(self.scratch, ignore_errors=True)
 
     def log_text(self) -> str:
         return "\n".join(self.log)
@@ -71,6 +77,12 @@ def start_daemon(*args: str, cwd: str | None = None, ready_timeout: float = 20.0
     command = [sys.executable, "-m", "pfxcache.daemon", *args]
     if not any(arg == "--port" for arg in args):
         command += ["--port", "0"]
+    scratch = None
+    if cwd is None and "--dir" not in args and not (args and not args[0].startswith("--")):
+        # Its own working directory (``dir``): a SAVE, SHUTDOWN SAVE or BGSAVE it runs writes there, never
+        # into the caller's, where every later daemon would load it. Removed when the daemon stops.
+        scratch = tempfile.mkdtemp(prefix="pfxcached-")
+        command += ["--dir", scratch]
     proc = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -97,9 +109,11 @@ def start_daemon(*args: str, cwd: str | None = None, ready_timeout: float = 20.0
     if not ready.wait(ready_timeout) or not found:
         proc.kill()
         proc.wait()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
         raise RuntimeError("pfxcached did not start:\n" + "\n".join(lines))
     host, port = found[0]
-    return Daemon(proc, host, port, lines)
+    return Daemon(proc, host, port, lines, scratch)
 
 
 @dataclass

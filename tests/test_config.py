@@ -188,6 +188,7 @@ EXPECTED_DEFAULTS = {
     "shutdown-timeout": 10,
     "databases": 1,
     "save": "",
+    "dbfilename": "dump.pfx",
     "appendonly": False,
     "daemonize": False,
     "hz": 10,
@@ -255,7 +256,7 @@ def test_mutability_matches_redis():
         # immutable in redis-server too
         "enable-debug-command",
     }
-    assert {d.name for d in DIRECTIVES if d.protected} == {"dir"}
+    assert {d.name for d in DIRECTIVES if d.protected} == {"dir", "dbfilename"}
 
 
 def test_list_values_are_copies():
@@ -411,7 +412,6 @@ FILE_ERRORS = [
 
 # Directives whose values redis-server accepts but pfxcached refuses.
 FILE_REFUSALS = [
-    ("save 3600 1", "persistence is not supported"),
     ("appendonly yes", "persistence is not supported"),
     ("loglevel foo", "argument(s) must be one of the following: debug, verbose, notice, warning, nothing"),
 ]
@@ -734,7 +734,6 @@ def test_accepted_values_read_back_like_redis(redis, name, value):
 def test_set_refusals():
     config = Config()
     for name, value, reason in [
-        ("save", "3600 1", "persistence is not supported"),
         ("appendonly", "yes", "persistence is not supported"),
         ("loglevel", "foo", "argument(s) must be one of the following: debug, verbose, notice, warning, nothing"),
     ]:

@@ -1,4 +1,4 @@
-"""Server commands: INFO, CONFIG, DBSIZE, TIME, SHUTDOWN, FLUSHALL, FLUSHDB."""
+"""Server commands: INFO, CONFIG, DBSIZE, TIME, SHUTDOWN, FLUSHALL, FLUSHDB, SAVE, BGSAVE, LASTSAVE."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pfxcache.protocol.replies import OK, Error, SimpleString, Verbatim
 
 from pfxcache.daemon.observability import info as info_sections
 from pfxcache.daemon.config.engine import ConfigError
+from pfxcache.daemon.service.persistence import PersistenceError
 from . import handles
 from .connection_commands import SYNTAX_ERROR
 from .context import NO_REPLY, Context
@@ -32,15 +33,16 @@ def time_(ctx: Context, argv: list[bytes]) -> Any:
 
 
 @handles("flushall", "flushdb")
-def flush(ctx: Context, argv: list[bytes]) -> Any:
+async def flush(ctx: Context, argv: list[bytes]) -> Any:
     if len(argv) > 2 or (len(argv) == 2 and argv[1].lower() not in (b"async", b"sync")):
         return SYNTAX_ERROR
+    await ctx.server.persistence.abort_bgsave()  # its pins would keep every page
     ctx.server.prefix.flush()
     return OK
 
 
 @handles("shutdown")
-def shutdown(ctx: Context, argv: list[bytes]) -> Any:
+async def shutdown(ctx: Context, argv: list[bytes]) -> Any:
     flags = set()
     for raw in argv[1:]:
         word = raw.lower()
@@ -51,11 +53,43 @@ def shutdown(ctx: Context, argv: list[bytes]) -> Any:
         return SYNTAX_ERROR
     if b"abort" in flags:
         return Error("ERR No shutdown in progress.")
-    # Nothing is persisted, so SAVE and NOSAVE both just stop the daemon; the
-    # client gets no reply: its connection closes as the server goes away.
-    ctx.server.request_shutdown("SHUTDOWN")
+    # Redis's meanings: SAVE saves, NOSAVE does not, neither saves when the save schedule is not
+    # empty. The save is made here, so that a failure is this client's error and the daemon stays
+    # up (FORCE: it stops anyway). The client gets no reply on success: its connection closes as
+    # the server goes away.
+    save = True if b"save" in flags else False if b"nosave" in flags else None
+    persistence = ctx.server.persistence
+    await persistence.wait_bgsave()
+    if not persistence.save_on_shutdown(save) and b"force" not in flags:
+        return Error("ERR Errors trying to SHUTDOWN. Check logs.")
+    ctx.server.request_shutdown("SHUTDOWN", save=False)
     ctx.client.close_after_reply = True
     return NO_REPLY
+
+
+@handles("save")
+def save(ctx: Context, argv: list[bytes]) -> Any:
+    try:
+        ctx.server.persistence.save()
+    except PersistenceError as exc:
+        return Error(str(exc))
+    return OK
+
+
+@handles("bgsave")
+def bgsave(ctx: Context, argv: list[bytes]) -> Any:
+    if len(argv) > 2 or (len(argv) == 2 and argv[1].lower() != b"schedule"):
+        return SYNTAX_ERROR
+    try:
+        ctx.server.start_bgsave()
+    except PersistenceError as exc:
+        return Error(str(exc))
+    return SimpleString("Background saving started")
+
+
+@handles("lastsave")
+def lastsave(ctx: Context, argv: list[bytes]) -> Any:
+    return ctx.server.persistence.last_save_time
 
 
 # -- CONFIG -----------------------------------------------------------------------

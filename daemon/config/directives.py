@@ -353,9 +353,17 @@ DIRECTIVES: tuple[Directive, ...] = (
         "ignored with a warning at startup.",
     ),
     Directive(
-        name="save", kind=Save(), default="", allowed=("",), refusal=_NO_PERSISTENCE,
-        doc="Redis's snapshot schedule. pfxcached keeps nothing on disk, so only save \"\" is "
-        "accepted; it is here because tools such as redis-benchmark ask CONFIG GET save.",
+        name="save", kind=Save(), default="",
+        doc="Redis's snapshot schedule: save <seconds> <changes> [<seconds> <changes> ...] writes a "
+        "snapshot of the arena (every cached page and the trees) in the background when, for one pair, "
+        "that many pages were stored or evicted and that many seconds passed since the last save; "
+        "shutdown then saves too. \"\" (the default): only SAVE, BGSAVE and SHUTDOWN SAVE write one. "
+        "A daemon started on a directory holding a snapshot loads it before serving.",
+    ),
+    Directive(
+        name="dbfilename", kind=String(), default="dump.pfx", protected=True,
+        doc="The snapshot's file name, in dir (a pfxcache snapshot, not an RDB file); "
+        "<dbfilename>.lock beside it keeps a second daemon off it.",
     ),
     Directive(
         name="appendonly", kind=Bool(), default=False, allowed=(False,), refusal=_NO_PERSISTENCE,

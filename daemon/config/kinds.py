@@ -429,6 +429,8 @@ class Save(Kind):
     def parse(self, args: Sequence[str], d: Directive) -> str:
         if len(args) == 1 and args[0] == "":
             args = ()
+        elif len(args) == 1:  # one quoted argument ("3600 1"), as Redis splits a multi-arg config's
+            args = args[0].split(" ")
         if len(args) % 2:
             raise ValueError("Invalid save parameters")
         numbers = []
@@ -443,7 +445,7 @@ class Save(Kind):
         return value or '""'
 
     def describe(self, d: Directive) -> str:
-        return '"" (no snapshots)'
+        return '<seconds> <changes> pairs, or "" for no schedule'
 
 
 @dataclass(frozen=True, slots=True)

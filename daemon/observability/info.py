@@ -128,21 +128,8 @@ def _memory(server: ServerState) -> Fields:
 
 
 def _persistence(server: ServerState) -> Fields:
-    # Nothing is persisted: a prefix cache is rebuilt by the workers. The fields
-    # exist because redis-cli --stat and exporters read them.
-    return [
-        ("loading", 0),
-        ("async_loading", 0),
-        ("rdb_changes_since_last_save", 0),
-        ("rdb_bgsave_in_progress", 0),
-        ("rdb_last_save_time", int(server.started_at)),
-        ("rdb_last_bgsave_status", "ok"),
-        ("aof_enabled", 0),
-        ("aof_rewrite_in_progress", 0),
-        ("aof_rewrite_scheduled", 0),
-        ("aof_last_bgrewrite_status", "ok"),
-        ("aof_last_write_status", "ok"),
-    ]
+    # Snapshots of the RAM arena (service/persistence.py); no AOF: its fields stay at their idle values.
+    return server.persistence.info_fields()
 
 
 def _stats(server: ServerState) -> Fields:

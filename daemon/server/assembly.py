@@ -10,6 +10,8 @@
         command table, ACL users    open nothing; a bad ACL is a StartupError
         prefix service              arena (named after the port) and store; the log says
                                     its geometry
+        persistence                 the dir's lock and the snapshot loaded into the store,
+                                    before any client is accepted
         KV events                   ZMQ publisher, pub/sub channels, the store's sink
         server                      the state handlers see, over the services above
         pidfile                     written once everything it names exists
@@ -63,6 +65,7 @@ from pfxcache.daemon.server.host_memory import HostLimit, host_limits, shortfall
 from pfxcache.daemon.server.listeners import ListenerSet
 from pfxcache.daemon.server.server import Server
 from pfxcache.daemon.service.kv_event_service import KvEventService
+from pfxcache.daemon.service.persistence import Persistence, PersistenceError
 from pfxcache.daemon.service.prefix import PrefixService
 from pfxcache.daemon.service.pubsub import PubSub
 
@@ -140,6 +143,12 @@ def build_server(config: Config, listeners: ListenerSet, stack: contextlib.ExitS
     observers = CommandObservers(config)
     prefix = open_prefix_service(config, listeners.tcp_port, observers)
     stack.callback(prefix.close)
+    persistence = Persistence(config, prefix)
+    stack.callback(persistence.close)
+    try:
+        persistence.open()  # the snapshot is loaded before any client is accepted
+    except PersistenceError as exc:
+        raise StartupError(f"Can't use the snapshot: {exc}") from exc
     pubsub = PubSub()
     kv_events = KvEventService(config, prefix.store, pubsub)
     stack.callback(kv_events.close)
@@ -148,7 +157,7 @@ def build_server(config: Config, listeners: ListenerSet, stack: contextlib.ExitS
     except ValueError as exc:
         raise StartupError(f"Cannot publish KV events: {exc}") from exc
     return Server(config, commands=commands, acl=acl, observers=observers, listeners=listeners,
-                  prefix=prefix, pubsub=pubsub, kv_events=kv_events)
+                  prefix=prefix, pubsub=pubsub, kv_events=kv_events, persistence=persistence)
 
 
 @contextlib.contextmanager

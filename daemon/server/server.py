@@ -47,6 +47,7 @@ from pfxcache.daemon.server.gate import CommandGate
 from pfxcache.daemon.server.listeners import Listener, ListenerSet, configure_client_socket
 from pfxcache.daemon.server.push import PushQueue
 from pfxcache.daemon.service.kv_event_service import KvEventService
+from pfxcache.daemon.service.persistence import Persistence, PersistenceError
 from pfxcache.daemon.service.prefix import PrefixService
 from pfxcache.daemon.service.pubsub import PubSub
 
@@ -86,7 +87,7 @@ class Server:
 
     def __init__(self, config: Config, *, commands: CommandTable, acl: AclUsers, observers: CommandObservers,
                  listeners: ListenerSet, prefix: PrefixService, pubsub: PubSub,
-                 kv_events: KvEventService) -> None:
+                 kv_events: KvEventService, persistence: Persistence) -> None:
         self.config = config
         self.commands = commands
         #: ACL users; ``default`` follows requirepass, as in Redis.
@@ -101,6 +102,9 @@ class Server:
         self.pubsub = pubsub
         #: KV events (ZMQ publisher, pub/sub channels).
         self.kv_events = kv_events
+        #: Snapshots: SAVE, BGSAVE, the save schedule, the save on shutdown.
+        self.persistence = persistence
+        self._shutdown_save: bool | None = None
         self.stats = Stats()
         self.clients = ClientRegistry()
         #: Holds commands back: CLIENT PAUSE, an EXEC running alone.
@@ -150,9 +154,11 @@ class Server:
         """``host:port`` of each TCP listener."""
         return self.listeners.addresses
 
-    def request_shutdown(self, reason: str = "SHUTDOWN") -> None:
-        """Begin a graceful shutdown (idempotent)."""
+    def request_shutdown(self, reason: str = "SHUTDOWN", *, save: bool | None = None) -> None:
+        """Begin a graceful shutdown (idempotent). ``save``: whether the daemon saves a snapshot once
+        the clients are drained (None: when the save schedule is not empty)."""
         if self._shutdown_requested is not None and not self._shutdown_requested.is_set():
+            self._shutdown_save = save
             log.warning("User requested shutdown (%s)...", reason)
             self._shutdown_requested.set()
 
@@ -217,6 +223,16 @@ class Server:
             self.listeners.stop_accepting()
             await self._drain_clients()
             connections.cancel_scope.cancel()
+        # The control nursery waited for a background save's thread; the final save comes after
+        # the last client's write. A failure is logged; a signal's shutdown still exits.
+        self.persistence.save_on_shutdown(self._shutdown_save)
+
+    def start_bgsave(self) -> None:
+        """BGSAVE: the write runs in the control nursery (PersistenceError when it cannot start)."""
+        nursery = self._control_nursery
+        if nursery is None:
+            raise PersistenceError("ERR shutdown in progress")
+        self.persistence.start_bgsave(nursery)
 
     async def _drain_clients(self) -> None:
         """Close idle clients now; give busy ones ``shutdown-timeout`` seconds to finish."""
@@ -332,6 +348,7 @@ class Server:
                 next_second = now + 1.0
                 self._close_idle_clients()
                 self.memory.sample()
+                self.persistence.cron(self._control_nursery)
 
     def _close_idle_clients(self) -> None:
         timeout = self.config["timeout"]

@@ -51,6 +51,8 @@ def check_store(store) -> list[str]:
         lease = store._leases.find(lease_id)
         if lease is None or lease.kind != ALLOC or b not in lease.blocks:
             problems.append(f"lease index maps block {b} to lease {lease_id} which does not hold it")
+    for node in store.snapshot_pins:
+        direct[id(node)] = direct.get(id(node), 0) + 1
     for plan in store._plans.values():
         if plan.node.parent is not None:
             direct[id(plan.node)] = direct.get(id(plan.node), 0) + 1

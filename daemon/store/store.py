@@ -108,6 +108,9 @@ class PrefixStore:
         self._leased_by = leasing.leased_by
         self._index_of = parts.index_of
         self._shard = names.shard_of
+        #: Nodes a snapshot being written pins (snapshot.Capture), one entry per pin: what the
+        #: invariant checker counts beside the leases' and the insert plans' pins.
+        self.snapshot_pins: list = []
 
     # -- settings the daemon changes at run time -------------------------------------------------
 
