@@ -72,8 +72,10 @@ class Daemon:
         return "\n".join(self.log)
 
 
-def start_daemon(*args: str, cwd: str | None = None, ready_timeout: float = 20.0) -> Daemon:
-    """Start ``python -m pfxcache.daemon --port 0 ARGS...`` and wait for its address line."""
+def start_daemon(*args: str, cwd: str | None = None, ready_timeout: float = 20.0,
+                 env: dict[str, str] | None = None) -> Daemon:
+    """Start ``python -m pfxcache.daemon --port 0 ARGS...`` and wait for its address line.
+    ``env``: variables added to this process's environment for the daemon."""
     command = [sys.executable, "-m", "pfxcache.daemon", *args]
     if not any(arg == "--port" for arg in args):
         command += ["--port", "0"]
@@ -90,6 +92,7 @@ def start_daemon(*args: str, cwd: str | None = None, ready_timeout: float = 20.0
         text=True,
         errors="backslashreplace",  # the log echoes client bytes (a bad bind address) as they came
         cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
     )
     lines: list[str] = []
     found: list[tuple[str, int]] = []

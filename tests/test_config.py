@@ -189,6 +189,12 @@ EXPECTED_DEFAULTS = {
     "databases": 1,
     "save": "",
     "dbfilename": "dump.pfx",
+    "disk-tier-size": 0,
+    "disk-tier-path": "",
+    "disk-tier-write": "back",
+    "disk-tier-fsync": "batch",
+    "disk-tier-read-timeout": 500,
+    "disk-tier-queue": 64 * 1024**2,
     "appendonly": False,
     "daemonize": False,
     "hz": 10,
@@ -253,6 +259,8 @@ def test_mutability_matches_redis():
         "arena-device", "arena-partition",
         # ours: the metrics endpoint is opened once, at start-up
         "metrics-port", "metrics-bind",
+        # ours: the disk tier's files are opened once, at start-up
+        "disk-tier-size", "disk-tier-path", "disk-tier-write", "disk-tier-fsync",
         # immutable in redis-server too
         "enable-debug-command",
     }

@@ -196,13 +196,15 @@ def test_no_own_module_imported_inside_a_function() -> None:
 
 D = "pfxcache.daemon"
 SIDE = (f"{D}.config", f"{D}.observability", f"{D}.security")
-BELOW_SERVICE = (f"{D}.store", "pfxcache.protocol", "pfxcache")
+BELOW_SERVICE = (f"{D}.store", f"{D}.tier", "pfxcache.protocol", "pfxcache")
 #: Layer -> the layers its modules may import (each may import itself). A module's layer is the longest
 #: name here that it is or lies under; ``pfxcache`` alone is the package's root (its version).
 ALLOWED: dict[str, tuple[str, ...]] = {
     "pfxcache": (),
     "pfxcache.protocol": ("pfxcache",),
     f"{D}.store": ("pfxcache",),
+    # the disk tier's files: blocking I/O beside the store, for the service's worker threads
+    f"{D}.tier": ("pfxcache",),
     # side layers: under everything above the store, beside one another
     f"{D}.config": (*SIDE, *BELOW_SERVICE),
     f"{D}.observability": (*SIDE, *BELOW_SERVICE),
@@ -220,7 +222,7 @@ ALLOWED["pfxcache.tools"] = (*(layer for layer in ALLOWED if layer.startswith(D)
                              "pfxcache.testing", "pfxcache.protocol", "pfxcache")
 #: What a layer (or one module of it) must not import besides: the store is synchronous, the protocol does no
 #: I/O, the prefix service speaks no RESP (its replies are built by the commands).
-FORBIDDEN = {f"{D}.store": ("trio",), "pfxcache.protocol": ("trio", "socket"),
+FORBIDDEN = {f"{D}.store": ("trio",), f"{D}.tier": ("trio",), "pfxcache.protocol": ("trio", "socket"),
              f"{D}.service.prefix": ("pfxcache.protocol",)}
 
 

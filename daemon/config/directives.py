@@ -366,6 +366,39 @@ DIRECTIVES: tuple[Directive, ...] = (
         "<dbfilename>.lock beside it keeps a second daemon off it.",
     ),
     Directive(
+        name="disk-tier-size", kind=Memory(), default=0, minimum=0, maximum=LONG_MAX, mutable=False,
+        doc="Bytes of disk under the arena for pages evicted from RAM (the disk tier; docs/operating.md"
+        "#the-disk-tier). 0 (the default): no disk tier, an evicted page is gone. PFXGET reads pages "
+        "that continue a prompt's RAM match back from disk in the same round trip.",
+    ),
+    Directive(
+        name="disk-tier-path", kind=String(), default="", mutable=False,
+        doc="Directory of the disk tier's files (a pfxtier/ folder is made in it); \"\" (the default): dir. "
+        "One daemon per path: a second one refuses to start.",
+    ),
+    Directive(
+        name="disk-tier-write", kind=Enum(("back", "through")), default="back", mutable=False,
+        doc="When pages reach the disk tier: back (the default) when the eviction policy takes them out of "
+        "RAM; through also as soon as PFXSET stores them, so a kill -9 loses only pages still queued "
+        "(docs/benchmarks.md#the-disk-tier measures both).",
+    ),
+    Directive(
+        name="disk-tier-fsync", kind=Enum(("batch", "no")), default="batch", mutable=False,
+        doc="batch (the default): each batch of pages written to the disk tier is fdatasync'ed before "
+        "its pages can be found there, so a page served from disk survived power loss; no leaves it "
+        "to the kernel (faster, and a crash may cost pages, never a wrong byte: every page is verified).",
+    ),
+    Directive(
+        name="disk-tier-read-timeout", kind=Int(), default=500, minimum=1, maximum=INT_MAX,
+        doc="Milliseconds a PFXGET waits for pages read back from the disk tier; later, those pages "
+        "are a miss for this request (the read still lands for the next one).",
+    ),
+    Directive(
+        name="disk-tier-queue", kind=Memory(), default=64 * 1024**2, minimum=0, maximum=LONG_MAX,
+        doc="Bytes of evicted pages waiting to be written to the disk tier; pages evicted while it is "
+        "full are dropped (INFO tiers: tier_disk_demotions_skipped) rather than slow down a write.",
+    ),
+    Directive(
         name="appendonly", kind=Bool(), default=False, allowed=(False,), refusal=_NO_PERSISTENCE,
         doc="Redis's append-only file. pfxcached keeps nothing on disk, so only no is accepted.",
     ),

@@ -267,6 +267,8 @@ SECTIONS: dict[str, tuple[str, Callable[[ServerState], Iterable[Any]], bool]] = 
 MODULE_SECTIONS: dict[str, tuple[str, Callable[[ServerState], Iterable[Any]]]] = {
     "pfxcache": ("pfxcache", lambda server: server.prefix.info_section()),
     "kvevents": ("kvevents", lambda server: server.kv_events.info_fields()),
+    "tiers": ("tiers", lambda server: server.prefix.tier.info() if server.prefix.tier is not None
+              else [("tier_disk_enabled", 0)]),
 }
 
 

@@ -130,6 +130,7 @@ class DaemonCollector:
         yield m.GaugeMetricFamily("pfxcache_connected_clients", "Client connections.", len(server.clients))
         yield from self._commands()
         yield from self._kv_events()
+        yield from self._tiers()
 
     def _namespaces(self, stats: dict) -> Iterator[Any]:
         m = _prometheus()
@@ -204,6 +205,34 @@ class DaemonCollector:
                                     fields.get("kv_events_dropped", 0))
         yield m.GaugeMetricFamily("pfxcache_kv_events_queue_length", "KV events waiting for the publisher.",
                                   fields.get("kv_events_queue_length", 0))
+
+    #: INFO tiers fields exported per tier (label tier="disk"): name -> (kind, help).
+    TIER_FIELDS = {
+        "pages": ("gauge", "Pages the tier holds."),
+        "bytes": ("gauge", "Bytes of pages the tier holds."),
+        "hits": ("counter", "Pages served from the tier (read back into RAM for a PFXGET)."),
+        "promotions": ("counter", "Pages read back into RAM."),
+        "demotions": ("counter", "Pages written to the tier when evicted from RAM (or stored, write-through)."),
+        "demotions_skipped": ("counter", "Evicted pages not written (queue full, a failed write)."),
+        "evictions": ("counter", "Pages the tier evicted to make room."),
+        "verify_failures": ("counter", "Pages read from the tier that did not verify (a miss each)."),
+        "io_errors": ("counter", "I/O errors of the tier's files."),
+        "read_bytes": ("counter", "Bytes read from the tier."),
+        "write_bytes": ("counter", "Bytes written to the tier."),
+        "queue_pages": ("gauge", "Pages waiting to be written to the tier."),
+    }
+
+    def _tiers(self) -> Iterator[Any]:
+        m = _prometheus()
+        tier = getattr(self.server.prefix, "tier", None)
+        if tier is None:
+            return
+        fields = dict(tier.info())
+        for field, (kind, doc) in self.TIER_FIELDS.items():
+            family = (m.GaugeMetricFamily if kind == "gauge" else m.CounterMetricFamily)(
+                f"pfxcache_tier_{field}", doc, labels=["tier"])
+            family.add_metric(["disk"], fields[f"tier_disk_{field}"])
+            yield family
 
 
 def build_registry(server: ServerState) -> CollectorRegistry:

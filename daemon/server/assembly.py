@@ -10,6 +10,7 @@
         command table, ACL users    open nothing; a bad ACL is a StartupError
         prefix service              arena (named after the port) and store; the log says
                                     its geometry
+        disk tier                   its path checked and locked (recovered once serving)
         persistence                 the dir's lock and the snapshot loaded into the store,
                                     before any client is accepted
         KV events                   ZMQ publisher, pub/sub channels, the store's sink
@@ -66,6 +67,8 @@ from pfxcache.daemon.server.listeners import ListenerSet
 from pfxcache.daemon.server.server import Server
 from pfxcache.daemon.service.kv_event_service import KvEventService
 from pfxcache.daemon.service.persistence import Persistence, PersistenceError
+from pfxcache.daemon.service.tiering import TierService
+from pfxcache.daemon.tier.files import TierPathError
 from pfxcache.daemon.service.prefix import PrefixService
 from pfxcache.daemon.service.pubsub import PubSub
 
@@ -134,6 +137,21 @@ def open_prefix_service(config: Config, tcp_port: int, observers: CommandObserve
     return prefix
 
 
+def open_disk_tier(config: Config, prefix: PrefixService) -> TierService:
+    """The disk tier's files and catalog (recovered later, in the background); a StartupError when
+    its path cannot be used (missing, not a writable directory, another daemon's)."""
+    # A file size limit (RLIMIT_FSIZE) must fail the write with EFBIG, not kill the daemon.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        tier = TierService(config, prefix)
+    except (TierPathError, ValueError, OSError) as exc:
+        raise StartupError(f"Can't open the disk tier: {exc}") from exc
+    log.info("Disk tier at %s: %s in %d slots, write-%s, fsync %s", tier.files.directory,
+             human_bytes(tier.files.nslots * tier.files.slot_stride), tier.files.nslots,
+             config["disk-tier-write"], config["disk-tier-fsync"])
+    return tier
+
+
 def build_server(config: Config, listeners: ListenerSet, stack: contextlib.ExitStack | contextlib.AsyncExitStack,
                  ) -> Server:
     """The services behind the listeners, in order, each one's closing pushed on ``stack``;
@@ -143,6 +161,9 @@ def build_server(config: Config, listeners: ListenerSet, stack: contextlib.ExitS
     observers = CommandObservers(config)
     prefix = open_prefix_service(config, listeners.tcp_port, observers)
     stack.callback(prefix.close)
+    if config["disk-tier-size"]:
+        prefix.tier = open_disk_tier(config, prefix)
+        stack.callback(prefix.tier.close)
     persistence = Persistence(config, prefix)
     stack.callback(persistence.close)
     try:

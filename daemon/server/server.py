@@ -204,6 +204,8 @@ class Server:
                 for listener in self.listeners.all:
                     control.start_soon(self._accept_loop, listener)
                 control.start_soon(self._cron)
+                if self.prefix.tier is not None:
+                    await control.start(self.prefix.tier.run)
                 if metrics is not None:
                     control.start_soon(metrics.serve)
                     for address in metrics.addresses:

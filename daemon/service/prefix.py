@@ -151,6 +151,8 @@ class PrefixService:
         self.locks = [RWLock() for _ in range(config["shards"])]
         self._keyspace_baseline: dict[str, int] = {}
         self.ticks = 0
+        #: The disk tier under the arena (service/tiering.py), set when disk-tier-size is not 0.
+        self.tier: Any = None
         # KV bytes the daemon copied for requests: DATA into the arena, WITHDATA out of it
         # (a mapped arena's copies happen in the workers and are not seen here).
         self.copied_in_bytes = 0
@@ -253,6 +255,10 @@ class PrefixService:
         With ``with_data`` the matched blocks' bytes are copied out too.
         """
         lock = self.locks[self.store.shard_of(namespace, tokens)]
+        if self.tier is not None:
+            # Pages that continue the RAM match on disk come into RAM first (never an error):
+            # the match below then answers for them exactly as for pages that never left.
+            await self.tier.promote(namespace, tokens, lock)
         async with lock.read():
             # with_data pins the pages while their bytes are copied out, with no deadline:
             # lease expiry must not free (and reuse) blocks under the copy. The lease the
@@ -277,6 +283,8 @@ class PrefixService:
         (nobody writes or waits to): no await, no checkpoint. None: the lock is contended and
         nothing was done; await :meth:`lookup`, which queues fairly."""
         lock = self.locks[self.store.shard_of(namespace, tokens)]
+        if self.tier is not None and self.tier.may_extend(namespace, tokens):
+            return None  # the disk holds more: lookup() promotes it
         if not lock.try_acquire_read():
             return None
         try:
@@ -374,21 +382,28 @@ class PrefixService:
     ) -> EvictResult:
         """PFXEVICT: the pages of ``prefix``, ``pages`` pages, ``nbytes`` bytes, or (none given) all."""
         if prefix is not None:
-            return self.store.evict_prefix(namespace, prefix)
+            result = self.store.evict_prefix(namespace, prefix)
+            if self.tier is not None:
+                self.tier.drop_prefix(namespace, prefix)
+            return result
         if pages is not None:
             return self.store.evict_pages(namespace, pages)
         if nbytes is not None:
             return self.store.evict_bytes(namespace, nbytes)
-        return self.store.evict_all(namespace)
+        result = self.store.evict_all(namespace)
+        if self.tier is not None:
+            self.tier.drop_namespace(namespace)
+        return result
 
     async def check(self) -> list[str]:
         """PFXCHECK: every invariant of the store, as a list of violations (empty: consistent).
 
         A small store is checked here, at once; a larger one (in pages and leases, or in
         blocks) in a forked copy of the daemon (:mod:`.forked_check`), so no check stalls a client."""
+        tier = self.tier.check() if self.tier is not None else []
         if checks_inline(self.store.stats()):
-            return self.store.check()
-        return await check_in_child(self.store, timeout=CHECK_TIMEOUT_S,
+            return self.store.check() + tier
+        return tier + await check_in_child(self.store, timeout=CHECK_TIMEOUT_S,
                                     on_fork=lambda ms: self.latency_event("fork", ms))
 
     # -- copies between requests and the arena ----------------------------------------
@@ -454,8 +469,10 @@ class PrefixService:
         return self.memory.figures()
 
     def flush(self) -> None:
-        """FLUSHALL / FLUSHDB: drop every unpinned page of every namespace."""
+        """FLUSHALL / FLUSHDB: drop every unpinned page of every namespace (and every disk page)."""
         self.store.flush()
+        if self.tier is not None:
+            self.tier.flush()
 
     def describe(self, namespace: bytes | None = None, visible: Any = None) -> dict:
         """The PFXINFO map: geometry, arena, policy, and global or per-namespace stats.
@@ -493,6 +510,7 @@ class PrefixService:
             "policy-state": {k.replace("_", "-"): v for k, v in store.policy_state().items()},
             "lease-ttl": store.lease_ttl_ms,
             "stats": store.stats(namespace),
+            **({"tiers": self.tier.describe(namespace)} if self.tier is not None else {}),
         }
 
     def _partition_fields(self) -> list[tuple[str, object]]:

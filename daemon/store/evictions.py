@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 # Why pages were evicted: room for an insert or allocation, the background low-watermark task,
 # a command (PFXEVICT, DEL), FLUSHALL/FLUSHDB, a tenant's quota.
 EVICTION_CAUSES = ("pressure", "watermark", "command", "flush", "quota")
+#: The causes whose pages a lower tier keeps (Listeners.demote): room being made, not a command to forget.
+DEMOTING_CAUSES = frozenset(("pressure", "watermark", "quota"))
 
 
 class Evictor:
@@ -118,6 +120,7 @@ class Evictor:
             part = scoped.part if scoped is not None else None
         victim = (self._partitions.index if part is None else part.index).victims(scope)
         events, touched = self._listeners.events, self._listeners.touched
+        demote = self._listeners.demote if cause in DEMOTING_CAUSES else None
         evicted = 0
         freed = array("q")  # the nodes' own arrays, joined at C speed: no Python int per page
         tree = rec = None
@@ -142,6 +145,8 @@ class Evictor:
                         touched(tree.scope)
             if events is not None:
                 announce_trim(events, node, k)
+            if demote is not None:
+                demote(tree.scope, node, k)
             freed.extend(tree.trim(node, k))
             owed += k
             evicted += k

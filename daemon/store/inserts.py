@@ -52,6 +52,7 @@ class InsertPlan:
         "ns",
         "offset_pages",
         "owner",
+        "promotion",
         "shard",
         "sources",
         "start",
@@ -74,6 +75,9 @@ class InsertPlan:
         self.dup_blocks: list[int] = []  # BLOCKS mode: given blocks of pages already cached
         self.sources: list[int] | None = None  # BLOCKS mode: lease id of each given block, for abort
         self.done = False
+        # A promotion (the disk tier's pages read back into RAM): counted as promoted, not as an
+        # insert, and not shown to the eviction policy as a store (it was one when first stored).
+        self.promotion = False
         self._block_bytes = block_bytes
 
     @property
@@ -165,8 +169,10 @@ class Inserts:
         self.max_alloc = max_alloc  # the most blocks one allocation may take
         self.inserts = 0
         self.stored = 0
+        self.promoted = 0  # pages promotions brought back into RAM
 
-    def begin(self, ns, tokens, *, offset: int = 0, owner: int = 0, blocks=None) -> InsertPlan:
+    def begin(self, ns, tokens, *, offset: int = 0, owner: int = 0, blocks=None,
+              promotion: bool = False) -> InsertPlan:
         """Phase one of an insert of the whole pages of ``tokens`` (pages before ``offset`` must be cached).
 
         Pins the cached prefix and, in DATA mode (blocks=None), allocates blocks
@@ -222,6 +228,7 @@ class Inserts:
         tree.pin(node)
         plan = InsertPlan(self._plans.next_id(), name, shard, owner, tree, node, tokens, npages, off, cached,
                           self._block_bytes)
+        plan.promotion = promotion
         # Registered before allocating: the evictions reserve may cause must see the plan,
         # or they could retire this (still empty) namespace under it.
         self._plans.add(plan)
@@ -270,21 +277,28 @@ class Inserts:
                 events = self._listeners.events
                 if events is not None:
                     announce_stored(events, end)
+                copier = self._listeners.stored
+                if copier is not None and not plan.promotion:
+                    copier(plan.ns, end, stored)
         if plan.dup_blocks:
             self._alloc.release(plan.dup_blocks)
         tree.unpin(plan.node)
         tree.touch(end, now, hit=False)
-        tree.index.stored(plan.ns, plan.tokens, plan.npages)
         rec = self._records[plan.ns]
-        rec.inserts += 1
-        rec.stored += stored
+        if plan.promotion:
+            self.promoted += stored
+        else:
+            tree.index.stored(plan.ns, plan.tokens, plan.npages)
+            rec.inserts += 1
+            rec.stored += stored
         if rec.quota is not None:
             rec.quota.pages -= len(plan.new_blocks) - stored  # the reservation, less what was stored
         touched = self._listeners.touched
         if stored and touched is not None:
             touched(plan.ns)
-        self.inserts += 1
-        self.stored += stored
+        if not plan.promotion:
+            self.inserts += 1
+            self.stored += stored
         result = InsertResult(stored, plan.npages - plan.offset_pages - stored, tree.path_blocks(end))
         if rec.deleted:  # DEL'd during the insert: nobody may see these pages
             self._evictor.sweep_deleted(rec)
@@ -292,6 +306,23 @@ class Inserts:
             self._keys.record_access(rec)
         self._names.retire_if_empty(rec)  # an insert of no whole page leaves no key behind
         return result
+
+    def shorten(self, plan: InsertPlan, npages: int) -> None:
+        """Keep only the plan's pages before ``npages`` (a promotion whose later pages failed to
+        read or verify): their blocks go back now; a plan left with no new page is aborted."""
+        if npages <= plan.start:
+            self.abort(plan)
+            return
+        if npages >= plan.npages or plan.sources is not None:
+            return
+        cut = npages - plan.start
+        extra = plan.new_blocks[cut:]
+        plan.new_blocks = plan.new_blocks[:cut]
+        plan.npages = npages
+        self._alloc.release(extra)
+        rec = self._records.get(plan.ns)
+        if rec is not None and rec.quota is not None:
+            rec.quota.pages -= len(extra)
 
     def abort(self, plan: InsertPlan) -> None:
         """Undo begin: unpin, free DATA-mode blocks, give BLOCKS-mode blocks back to their leases

@@ -207,10 +207,12 @@ class NamespaceKeys:
 
     def delete(self, name: bytes) -> bool:
         """DEL: the namespace is gone at once; pinned pages go when their leases end. False if absent."""
+        listeners = self._listeners
+        if listeners.forget is not None:  # a lower tier's pages of it go too, whatever RAM holds
+            listeners.forget(name)
         rec = self._records.get(name)
         if rec is None or not rec.holds_anything:
             return False
-        listeners = self._listeners
         if listeners.touched is not None:
             listeners.touched(name)
         self._evictor.evict_all(name)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .arguments import TOKEN_BYTES, namespace_name, packed_tokens
+from .idents import IDENT_BYTES, namespace_ident, node_idents, page_ident
 from .results import MatchResult
 
 if TYPE_CHECKING:
@@ -41,6 +42,37 @@ class Lookups:
         self._page_bytes = page_bytes
         self.hits = 0  # tokens
         self.misses = 0  # tokens
+
+    def tier_probe(self, ns, tokens, present: Callable[[bytes], bool]) -> tuple[int, list[bytes]]:
+        """Where the RAM match of ``tokens`` ends, and the idents of the whole pages after it that
+        ``present`` says a lower tier holds, in order, up to the first it does not: (RAM pages,
+        idents). Counts, touches and pins nothing; computes one ident per page it asks about (and
+        caches those of the RAM path on its nodes).
+        """
+        name = namespace_name(ns)
+        tokens = packed_tokens(tokens)
+        P = self._page_bytes
+        npages = len(tokens) // P
+        rec = self._records.get(name)
+        if rec is not None and (rec.deleted or (rec.expires_at is not None and self._keys.live(name) is None)):
+            rec = None
+        tree = rec.trees.get(self._shard_of(name, tokens)) if rec is not None and npages else None
+        ram = 0
+        ident = namespace_ident(name)
+        if tree is not None:
+            node, pages, child, extra = tree.walk(tokens, npages)
+            ram = pages + extra
+            if extra:
+                ident = node_idents(child)[(extra - 1) * IDENT_BYTES : extra * IDENT_BYTES]
+            elif pages:
+                ident = node_idents(node)[-IDENT_BYTES:]
+        found: list[bytes] = []
+        for page in range(ram, npages):
+            ident = page_ident(ident, tokens[page * P : (page + 1) * P])
+            if not present(ident):
+                break
+            found.append(ident)
+        return ram, found
 
     def match(self, ns, tokens, lease: bool = True, ttl_ms: int | None = None, owner: int = 0,
               transient: bool = False) -> MatchResult:

@@ -65,6 +65,7 @@ class Node:
         "evictable",
         "freq",
         "gap",
+        "idents",
         "key",
         "last_access",
         "lock_ref",
@@ -98,6 +99,7 @@ class Node:
         self.version = 0  # bumped on every change of eviction-index membership or priority
         self.evictable = False  # mirrors membership in the eviction index
         self.page_hashes = None  # KV events: the pages' block hashes, 8 bytes each (block_hashes.py)
+        self.idents = None  # tiers: the pages' idents, 16 bytes each (idents.py)
 
     @property
     def pages(self) -> int:
@@ -180,6 +182,8 @@ class RadixTree:
         top.lock_ref = child.lock_ref  # every pin through child also passes through top
         if child.page_hashes is not None:  # each page keeps its block hash
             top.page_hashes, child.page_hashes = child.page_hashes[: m * 8], child.page_hashes[m * 8 :]
+        if child.idents is not None:
+            top.idents, child.idents = child.idents[: m * 16], child.idents[m * 16 :]
         self.index.split(top, child, m)  # the policy's state of the upper part (what it keeps per page: cut)
         parent.children[top.key[:P]] = top
         child.key = child.key[cut:]
@@ -304,6 +308,8 @@ class RadixTree:
             node.key = node.key[: (n - k) * self.page_bytes]
             if node.page_hashes is not None:  # the kept pages keep their hashes
                 node.page_hashes = node.page_hashes[: (n - k) * 8]
+            if node.idents is not None:
+                node.idents = node.idents[: (n - k) * 16]
             self.index.trimmed(node, n - k)
             self._count(-k, -k)
             return freed  # same priority, still a leaf: its index entries stay valid
@@ -320,7 +326,7 @@ class RadixTree:
         # Stale entries in the policy's orders hold the node until they are dropped or compacted
         # away (five orders under guard): without its pages' bytes, hashes and policy data it is ~300 bytes.
         node.key = b""
-        node.page_hashes = node.policy_data = None
+        node.page_hashes = node.policy_data = node.idents = None
         self.nodes -= 1
         self.pages -= n
         self.unpinned -= n

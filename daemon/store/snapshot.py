@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 from .arguments import TOKEN_BYTES
 from .errors import StoreError
+from .idents import namespace_ident, page_ident
 
 MAGIC = b"PFXDUMP1"
 VERSION = 1
@@ -66,17 +67,6 @@ def fingerprint(page_size: int, block_bytes: int) -> bytes:
     """What a file's pages must agree with to be loaded: the geometry, hashed."""
     text = f"pfxcache-snapshot page_size={page_size} token_bytes={TOKEN_BYTES} block_bytes={block_bytes}"
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
-
-
-def namespace_ident(namespace: bytes) -> bytes:
-    """The ident the first page of a namespace chains from."""
-    return hashlib.blake2b(b"pfxcache-namespace\0" + namespace, digest_size=16).digest()
-
-
-def page_ident(parent: bytes, tokens: bytes) -> bytes:
-    """A page's ident: its parent's ident and its own tokens, hashed, so it names the namespace and
-    the page's whole token prefix (the scheme docs/design-disk-tier.md gives the disk tier)."""
-    return hashlib.blake2b(parent + tokens, digest_size=16, person=b"pfx-tier-v1").digest()
 
 
 @dataclass

@@ -208,10 +208,34 @@ class PrefixStore:
 
     # -- writes ---------------------------------------------------------------------------------
 
-    def begin_insert(self, ns, tokens, *, offset: int = 0, owner: int = 0, blocks=None) -> InsertPlan:
+    def tier_probe(self, ns, tokens, present) -> tuple[int, list[bytes]]:
+        """Pages of ``tokens`` cached in RAM, and the idents of the pages after them a lower tier
+        holds (``present(ident)``), up to the first it does not; see lookups.Lookups.tier_probe."""
+        return self._lookups.tier_probe(ns, tokens, present)
+
+    def begin_insert(self, ns, tokens, *, offset: int = 0, owner: int = 0, blocks=None,
+                     promotion: bool = False) -> InsertPlan:
         """Phase one of an insert (pins the cached prefix, takes blocks for the new pages); see
-        inserts.Inserts.begin. Raises NoPrefix, OutOfMemory or BadRequest with nothing changed."""
-        return self._inserts.begin(ns, tokens, offset=offset, owner=owner, blocks=blocks)
+        inserts.Inserts.begin. Raises NoPrefix, OutOfMemory or BadRequest with nothing changed.
+        ``promotion``: the pages come back from a lower tier (counted as promoted, not stored)."""
+        return self._inserts.begin(ns, tokens, offset=offset, owner=owner, blocks=blocks, promotion=promotion)
+
+    def bound_of(self, ns: bytes) -> tuple[tuple[str, bytes | str], int] | None:
+        """What bounds namespace ``ns``'s pages, for a lower tier to bound them alike: its tenant
+        quota (when it limits pages) or else its arena partition, as (key, the bound in RAM pages);
+        None when neither does."""
+        quota = self._names.quota_of(ns)
+        if quota is not None and quota.max_pages:
+            return ("tenant", quota.pattern), quota.max_pages
+        part = self._partitions.part_of(ns)
+        if part is not None:
+            return ("partition", part.name), part.nblocks
+        return None
+
+    def shorten_insert(self, plan: InsertPlan, npages: int) -> None:
+        """Keep only the plan's pages before ``npages`` (aborting it when none is new); see
+        inserts.Inserts.shorten."""
+        self._inserts.shorten(plan, npages)
 
     def commit_insert(self, plan: InsertPlan) -> InsertResult:
         """Phase two: link the new pages into the tree and unpin the prefix; see inserts.Inserts.commit."""
@@ -359,6 +383,11 @@ class PrefixStore:
     def inserts(self) -> int:
         """Committed inserts."""
         return self._inserts.inserts
+
+    @property
+    def promoted(self) -> int:
+        """Pages promotions brought back into RAM from a lower tier."""
+        return self._inserts.promoted
 
     @property
     def stored(self) -> int:
