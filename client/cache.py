@@ -167,6 +167,26 @@ class PrefixCache(CacheCore):
         ``bytes`` bytes, or ``all`` the namespace's unpinned pages."""
         return self._run(self._evict_steps(key, tokens, pages, bytes, all))
 
+    def lookup_keys(self, key: Any, keys: Any, *, lease: bool = True, ttl_ms: int | None = None,
+                    with_data: bool | None = None) -> Match:
+        """PFXGET HASHES: the leading run of page ``keys`` (engine page keys in prefix order) cached in
+        namespace ``key``; ``Match.pages`` (and ``matched_tokens``) count keys. Otherwise as :meth:`lookup`."""
+        return self._run(self._lookup_keys_steps(key, keys, lease, ttl_ms, with_data))
+
+    def store_keys(self, key: Any, keys: Any, data: Any, offset: int = 0) -> StoreResult:
+        """PFXSET HASHES DATA: cache the pages of ``keys`` from key number ``offset`` with their bytes
+        (exactly (len(keys) - offset) x block_bytes)."""
+        return self._run(self._store_keys_steps(key, keys, data, None, offset))
+
+    def commit_keys(self, key: Any, keys: Any, blocks: Any, offset: int = 0) -> StoreResult:
+        """PFXSET HASHES BLOCKS: hand blocks filled in the arena (from alloc()) over as the pages of
+        ``keys`` from key number ``offset``."""
+        return self._run(self._store_keys_steps(key, keys, None, blocks, offset))
+
+    def evict_keys(self, key: Any, keys: Any) -> EvictResult:
+        """PFXEVICT HASHES: forget the last key's page and every page linked below it."""
+        return self._run(self._evict_keys_steps(key, keys))
+
     def release(self, *leases: Any) -> int:
         """PFXRELEASE: end leases (ids, Match or Allocation objects); returns how many ended."""
         return self._run(self._release_steps(leases))
@@ -343,6 +363,23 @@ class AsyncPrefixCache(CacheCore):
     async def store(self, key: Any, tokens: Any, data: Any, offset: int = 0) -> StoreResult:
         """PFXSET DATA (see PrefixCache.store)."""
         return await self._run(self._store_steps(key, tokens, data, offset))
+
+    async def lookup_keys(self, key: Any, keys: Any, *, lease: bool = True, ttl_ms: int | None = None,
+                          with_data: bool | None = None) -> Match:
+        """PFXGET HASHES (see PrefixCache.lookup_keys)."""
+        return await self._run(self._lookup_keys_steps(key, keys, lease, ttl_ms, with_data))
+
+    async def store_keys(self, key: Any, keys: Any, data: Any, offset: int = 0) -> StoreResult:
+        """PFXSET HASHES DATA (see PrefixCache.store_keys)."""
+        return await self._run(self._store_keys_steps(key, keys, data, None, offset))
+
+    async def commit_keys(self, key: Any, keys: Any, blocks: Any, offset: int = 0) -> StoreResult:
+        """PFXSET HASHES BLOCKS (see PrefixCache.commit_keys)."""
+        return await self._run(self._store_keys_steps(key, keys, None, blocks, offset))
+
+    async def evict_keys(self, key: Any, keys: Any) -> EvictResult:
+        """PFXEVICT HASHES (see PrefixCache.evict_keys)."""
+        return await self._run(self._evict_keys_steps(key, keys))
 
     async def alloc(self, key: Any, n: int, ttl_ms: int | None = None) -> Allocation:
         """PFXALLOC (see PrefixCache.alloc)."""

@@ -141,6 +141,49 @@ def pfxset_blocks(key: Any, packed: bytes, blocks: Any, offset: int = 0) -> tupl
     return (*args, "BLOCKS", *_block_ids(blocks))
 
 
+def page_keys(keys: Any) -> list[bytes]:
+    """Page keys as HASHES sends them: a non-empty sequence of non-empty byte strings (str is UTF-8)."""
+    if isinstance(keys, (bytes, bytearray, memoryview, str)):
+        raise TypeError("keys must be a sequence of page keys (bytes), not one bytes or str")
+    out = []
+    for key in keys:
+        if isinstance(key, str):
+            key = key.encode()
+        if not isinstance(key, (bytes, bytearray, memoryview)) or not len(key):
+            raise TypeError(f"a page key must be non-empty bytes or str, got {type(key).__name__}")
+        out.append(bytes(key))
+    if not out:
+        raise ValueError("at least one page key is needed")
+    return out
+
+
+def hashes_prompt(keys: list[bytes]) -> tuple:
+    """``HASHES n k1 .. kn``: the prompt of a key-page command (keys from :func:`page_keys`)."""
+    return ("HASHES", len(keys), *keys)
+
+
+def pfxget_keys(key: Any, keys: list[bytes], *, lease: bool = True, ttl_ms: int | None = None,
+                with_data: bool = False) -> tuple:
+    """``PFXGET key HASHES n k1 .. kn [NOLEASE] [TTL ms] [WITHDATA]``."""
+    args = list(pfxget(key, b"", lease=lease, ttl_ms=ttl_ms, with_data=with_data))
+    return (*args[:2], *hashes_prompt(keys), *args[4:])
+
+
+def pfxset_keys(key: Any, keys: list[bytes], *, data: Any = None, blocks: Any = None, offset: int = 0) -> tuple:
+    """``PFXSET key HASHES n k1 .. kn [OFFSET m] (DATA blob | BLOCKS id ...)``; ``offset`` in keys."""
+    args: list[Any] = ["PFXSET", key, *hashes_prompt(keys)]
+    if offset:
+        args += ["OFFSET", _int(offset, "offset")]
+    if blocks is not None:
+        return (*args, "BLOCKS", *_block_ids(blocks))
+    return (*args, "DATA", as_data(data))
+
+
+def pfxevict_keys(key: Any, keys: list[bytes]) -> tuple:
+    """``PFXEVICT key HASHES n k1 .. kn``: the last key's page and every page linked below it."""
+    return ("PFXEVICT", key, *hashes_prompt(keys))
+
+
 def pfxalloc(key: Any, n: int, ttl_ms: int | None = None) -> tuple:
     """``PFXALLOC key n [TTL ms]``."""
     args: list[Any] = ["PFXALLOC", key, _int(n, "the number of blocks", 1)]

@@ -281,6 +281,39 @@ class CacheCore:
             yield from self._current_arena_steps()  # the caller reads these blocks through cache.arena
         return match
 
+    def _lookup_keys_steps(self, key: Any, keys: Any, lease: bool, ttl_ms: int | None,
+                           with_data: bool | None) -> Steps:
+        keys = commands.page_keys(keys)
+        if with_data is None:
+            with_data = self._arena_for((yield from self._ensure_attached_steps()), key) is None
+
+        def decode(reply: Any) -> Match:
+            return self._leased(replies.match(reply, self.release, self._is_async, self._lease_dropped))
+
+        args = commands.pfxget_keys(key, keys, lease=lease, ttl_ms=ttl_ms, with_data=with_data)
+        match = yield Request(args, decode)
+        if with_data:
+            match.via = "resp"
+        elif match.blocks:
+            yield from self._current_arena_steps()
+        return match
+
+    def _store_keys_steps(self, key: Any, keys: Any, data: Any, blocks: Any, offset: int) -> Steps:
+        keys = commands.page_keys(keys)
+        if isinstance(blocks, Allocation):
+            blocks = blocks.blocks
+        via = "resp" if blocks is None else (self._arena.backend if self._arena is not None else "shm")
+
+        def decode(reply: Any) -> StoreResult:
+            return replies.store_result(reply, via=via)
+
+        return (yield Request(commands.pfxset_keys(key, keys, data=data, blocks=blocks, offset=offset), decode))
+
+    def _evict_keys_steps(self, key: Any, keys: Any) -> Steps:
+        result: EvictResult = yield Request(commands.pfxevict_keys(key, commands.page_keys(keys)),
+                                            replies.evict_result)
+        return result
+
     def _store_steps(self, key: Any, tokens: Any, data: Any, offset: int) -> Steps:
         packed = commands.pack_tokens(tokens)
         return (yield Request(commands.pfxset_data(key, packed, data, offset), replies.store_result))

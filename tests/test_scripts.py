@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 TOOLS = {"bench": "bench", "bench-latency": "bench_latency", "bench-store": "bench_store", "replay": "replay",
          "bench-hotpath": "bench_hotpath", "bench-attach": "bench_attach",
-         "gpu-check": "gpu_check", "demo": "demo"}
+         "gpu-check": "gpu_check", "demo": "demo", "bench-tier": "bench_tier"}
 
 
 @pytest.mark.parametrize("script", sorted(TOOLS))

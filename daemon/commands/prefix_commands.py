@@ -126,18 +126,39 @@ def _namespace(raw: bytes) -> bytes:
     return raw
 
 
-def _prompt(ctx: Context, argv: list[bytes], options: frozenset[bytes]) -> tuple[bytes, bytes, int]:
-    """``key (TOKENS ...|PACKED blob)`` at argv[1:], the command's ``options`` after it:
-    namespace, packed tokens, position after them."""
+def _prompt(ctx: Context, argv: list[bytes], options: frozenset[bytes]) -> tuple[bytes, bytes, int, bool]:
+    """``key (TOKENS ...|PACKED blob|HASHES n k1 .. kn)`` at argv[1:], the command's ``options`` after
+    it: namespace, packed tokens (key pages for HASHES), position after them, whether they are keys."""
     namespace = _namespace(argv[1])
+    if len(argv) > 2 and argv[2].upper() == b"HASHES":
+        tokens, position = parse_hashes(ctx, argv, 2)
+        return namespace, tokens, position, True
     tokens, position = parse_tokens(argv, 2, ctx.server.config["prompt-max-tokens"], options)
-    return namespace, tokens, position
+    return namespace, tokens, position, False
+
+
+def parse_hashes(ctx: Context, argv: list[bytes], position: int) -> tuple[bytes, int]:
+    """``HASHES n k1 .. kn`` at ``argv[position]``: the key pages standing for the keys (store/page_keys.py)
+    and the position after them. n is a count, like Redis's numkeys: keys are binary and may look
+    like an option word."""
+    store = _service(ctx).store
+    if position + 1 >= len(argv):
+        raise ArgumentError("ERR HASHES needs a key count and the keys: HASHES n k1 ... kn")
+    most = max(1, ctx.server.config["prompt-max-tokens"] // store.page_size)
+    count = _integer(argv[position + 1], "the HASHES key count", 1, most)
+    end = position + 2 + count
+    if end > len(argv):
+        raise ArgumentError(f"ERR HASHES says {count} keys but {len(argv) - position - 2} arguments follow")
+    try:
+        return store.key_pages(argv[position + 2 : end]), end
+    except StoreError as exc:
+        raise ArgumentError(exc.line) from None
 
 
 def _pfxget_arguments(ctx: Context, argv: list[bytes]) -> tuple[bytes, bytes, bool, int | None, bool] | Error:
     """PFXGET's arguments: namespace, tokens, lease, ttl_ms, with_data (or the Error reply)."""
     try:
-        namespace, tokens, position = _prompt(ctx, argv, _PFXGET_OPTIONS)
+        namespace, tokens, position, keys = _prompt(ctx, argv, _PFXGET_OPTIONS)
         lease, ttl_ms, with_data = True, None, False
         while position < len(argv):
             option = argv[position].upper()
@@ -154,11 +175,13 @@ def _pfxget_arguments(ctx: Context, argv: list[bytes]) -> tuple[bytes, bytes, bo
                 raise ArgumentError(f"ERR unknown option '{_show(argv[position])}' for 'pfxget'")
     except ArgumentError as exc:
         return Error(str(exc))
-    return namespace, tokens, lease, ttl_ms, with_data
+    return namespace, tokens, lease, ttl_ms, with_data, keys
 
 
-def _lookup_reply(found: Any, with_data: bool) -> dict:
-    reply = {"matched": found.matched_tokens, "lease": found.lease_id, "blocks": _ids(found.blocks)}
+def _lookup_reply(ctx: Context, found: Any, with_data: bool, keys: bool) -> dict:
+    # HASHES counts keys (pages), TOKENS/PACKED tokens.
+    matched = found.matched_tokens // _service(ctx).store.page_size if keys else found.matched_tokens
+    reply = {"matched": matched, "lease": found.lease_id, "blocks": _ids(found.blocks)}
     if with_data:
         reply["data"] = found.data
     return reply
@@ -169,13 +192,13 @@ async def pfxget(ctx: Context, argv: list[bytes]) -> Any:
     parsed = _pfxget_arguments(ctx, argv)
     if parsed.__class__ is Error:
         return parsed
-    namespace, tokens, lease, ttl_ms, with_data = parsed
+    namespace, tokens, lease, ttl_ms, with_data, keys = parsed
     try:
         found = await _service(ctx).lookup(namespace, tokens, owner=ctx.client.id, lease=lease, ttl_ms=ttl_ms,
-                                           with_data=with_data)
-    except StoreError as exc:  # a lease past client-lease-limit or the tenant's quota
+                                           with_data=with_data, keys=keys)
+    except StoreError as exc:  # a lease past client-lease-limit or the tenant's quota, the other kind of pages
         return _store_error(exc)
-    return _lookup_reply(found, with_data)
+    return _lookup_reply(ctx, found, with_data, keys)
 
 
 @handles_now("pfxget")
@@ -184,25 +207,30 @@ def pfxget_now(ctx: Context, argv: list[bytes]) -> Any:
     parsed = _pfxget_arguments(ctx, argv)
     if parsed.__class__ is Error:
         return parsed
-    namespace, tokens, lease, ttl_ms, with_data = parsed
+    namespace, tokens, lease, ttl_ms, with_data, keys = parsed
     if with_data:
         return LATER
     try:
-        found = _service(ctx).lookup_now(namespace, tokens, owner=ctx.client.id, lease=lease, ttl_ms=ttl_ms)
+        found = _service(ctx).lookup_now(namespace, tokens, owner=ctx.client.id, lease=lease, ttl_ms=ttl_ms,
+                                         keys=keys)
     except StoreError as exc:
         return _store_error(exc)
-    return LATER if found is None else _lookup_reply(found, False)
+    return LATER if found is None else _lookup_reply(ctx, found, False, keys)
 
 
 def _pfxset_arguments(ctx: Context, argv: list[bytes]) -> tuple[bytes, bytes, int, Any, list[int] | None] | Error:
     """PFXSET's arguments: namespace, tokens, offset, data, blocks (or the Error reply)."""
     try:
-        namespace, tokens, position = _prompt(ctx, argv, _PFXSET_OPTIONS)
+        namespace, tokens, position, keys = _prompt(ctx, argv, _PFXSET_OPTIONS)
         offset, data, blocks = 0, None, None
         while position < len(argv):
             option = argv[position].upper()
             if option == b"OFFSET" and position + 1 < len(argv):
-                offset = _integer(argv[position + 1], "OFFSET", 0, len(tokens) // 4)
+                if keys:  # keys already cached, as tokens of key pages
+                    page_size = _service(ctx).store.page_size
+                    offset = _integer(argv[position + 1], "OFFSET", 0, len(tokens) // 4 // page_size) * page_size
+                else:
+                    offset = _integer(argv[position + 1], "OFFSET", 0, len(tokens) // 4)
                 position += 2
             elif option == b"DATA" and position + 1 < len(argv) and data is None and blocks is None:
                 data = argv[position + 1]
@@ -219,7 +247,7 @@ def _pfxset_arguments(ctx: Context, argv: list[bytes]) -> tuple[bytes, bytes, in
             raise ArgumentError("ERR PFXSET needs DATA blob or BLOCKS id ...")
     except ArgumentError as exc:
         return Error(str(exc))
-    return namespace, tokens, offset, data, blocks
+    return namespace, tokens, offset, data, blocks, keys
 
 
 def _insert_reply(result: Any) -> dict:
@@ -231,10 +259,10 @@ async def pfxset(ctx: Context, argv: list[bytes]) -> Any:
     parsed = _pfxset_arguments(ctx, argv)
     if parsed.__class__ is Error:
         return parsed
-    namespace, tokens, offset, data, blocks = parsed
+    namespace, tokens, offset, data, blocks, keys = parsed
     try:
         result = await _service(ctx).insert(namespace, tokens, owner=ctx.client.id, offset=offset, data=data,
-                                            blocks=blocks)
+                                            blocks=blocks, keys=keys)
     except StoreError as exc:
         return _store_error(exc)
     return _insert_reply(result)
@@ -246,10 +274,10 @@ def pfxset_now(ctx: Context, argv: list[bytes]) -> Any:
     parsed = _pfxset_arguments(ctx, argv)
     if parsed.__class__ is Error:
         return parsed
-    namespace, tokens, offset, data, blocks = parsed
+    namespace, tokens, offset, data, blocks, keys = parsed
     try:
         result = _service(ctx).insert_now(namespace, tokens, owner=ctx.client.id, offset=offset, data=data,
-                                          blocks=blocks)
+                                          blocks=blocks, keys=keys)
     except StoreError as exc:
         return _store_error(exc)
     return LATER if result is None else _insert_reply(result)
@@ -304,11 +332,15 @@ def pfxevict(ctx: Context, argv: list[bytes]) -> Any:
     try:
         namespace = _namespace(argv[1])
         mode = argv[2].upper()
-        if mode in (b"TOKENS", b"PACKED"):
-            tokens, position = parse_tokens(argv, 2, ctx.server.config["prompt-max-tokens"])
+        if mode in (b"TOKENS", b"PACKED", b"HASHES"):
+            keys = mode == b"HASHES"
+            if keys:
+                tokens, position = parse_hashes(ctx, argv, 2)
+            else:
+                tokens, position = parse_tokens(argv, 2, ctx.server.config["prompt-max-tokens"])
             if position != len(argv):
                 raise ArgumentError(f"ERR unexpected argument '{_show(argv[position])}' for 'pfxevict'")
-            result = service.evict(namespace, prefix=tokens)
+            result = service.evict(namespace, prefix=tokens, keys=keys)
         elif mode in (b"PAGES", b"BYTES") and len(argv) == 4:
             amount = _integer(argv[3], mode.decode(), 0, 2**63 - 1)
             if mode == b"PAGES":
@@ -318,7 +350,8 @@ def pfxevict(ctx: Context, argv: list[bytes]) -> Any:
         elif mode == b"ALL" and len(argv) == 3:
             result = service.evict(namespace)
         else:
-            raise ArgumentError("ERR syntax error, expected PFXEVICT key (TOKENS ...|PACKED blob|PAGES n|BYTES n|ALL)")
+            raise ArgumentError("ERR syntax error, expected PFXEVICT key "
+                                "(TOKENS ...|PACKED blob|HASHES n k ...|PAGES n|BYTES n|ALL)")
     except ArgumentError as exc:
         return Error(str(exc))
     except StoreError as exc:

@@ -380,7 +380,7 @@ DIRECTIVES: tuple[Directive, ...] = (
         name="disk-tier-write", kind=Enum(("back", "through")), default="back", mutable=False,
         doc="When pages reach the disk tier: back (the default) when the eviction policy takes them out of "
         "RAM; through also as soon as PFXSET stores them, so a kill -9 loses only pages still queued "
-        "(docs/benchmarks.md#the-disk-tier measures both).",
+        "(docs/benchmarks.md#scriptsbench-tier-the-disk-tier measures both).",
     ),
     Directive(
         name="disk-tier-fsync", kind=Enum(("batch", "no")), default="batch", mutable=False,

@@ -249,11 +249,14 @@ class PrefixService:
         lease: bool = True,
         ttl_ms: int | None = None,
         with_data: bool = False,
+        keys: bool = False,
     ) -> Lookup:
         """PFXGET: the longest cached prefix of ``tokens``, leased to ``owner`` unless ``lease`` is False.
 
-        With ``with_data`` the matched blocks' bytes are copied out too.
+        With ``with_data`` the matched blocks' bytes are copied out too. ``keys``: ``tokens`` are
+        key pages (HASHES, store/page_keys.py); a StoreError when the namespace holds the other kind.
         """
+        self.store.use_keys(namespace, keys)
         lock = self.locks[self.store.shard_of(namespace, tokens)]
         if self.tier is not None:
             # Pages that continue the RAM match on disk come into RAM first (never an error):
@@ -278,20 +281,23 @@ class PrefixService:
         return Lookup(result.matched_tokens, result.lease_id if lease else 0, result.blocks, data)
 
     def lookup_now(self, namespace: bytes, tokens: bytes, *, owner: int, lease: bool = True,
-                   ttl_ms: int | None = None) -> Lookup | None:
+                   ttl_ms: int | None = None, keys: bool = False) -> Lookup | None:
         """:meth:`lookup` without WITHDATA, done at once when the shard's read lock is free
         (nobody writes or waits to): no await, no checkpoint. None: the lock is contended and
         nothing was done; await :meth:`lookup`, which queues fairly."""
+        self.store.use_keys(namespace, keys)
         lock = self.locks[self.store.shard_of(namespace, tokens)]
-        if self.tier is not None and self.tier.may_extend(namespace, tokens):
-            return None  # the disk holds more: lookup() promotes it
         if not lock.try_acquire_read():
             return None
         try:
+            # With a tier, a match that a lower tier continues is left undone (None): lookup() brings
+            # those pages up first. Checked only when the RAM match is shorter than the prompt.
             result = self.store.match(namespace, tokens, lease=lease, ttl_ms=ttl_ms, owner=owner,
-                                      transient=not lease)
+                                      transient=not lease, below=self.tier.below if self.tier is not None else None)
         finally:
             lock.release_read()
+        if result is None:
+            return None
         return Lookup(result.matched_tokens, result.lease_id if lease else 0, result.blocks, None)
 
     async def insert(
@@ -303,6 +309,7 @@ class PrefixService:
         offset: int = 0,
         data: Any = None,
         blocks: list[int] | None = None,
+        keys: bool = False,
     ) -> InsertResult:
         """PFXSET: cache the pages of ``tokens`` from page ``offset`` on.
 
@@ -311,6 +318,7 @@ class PrefixService:
         Raises a StoreError, changing nothing, for a refused insert.
         """
         self._check_data(tokens, offset, data)
+        self.store.use_keys(namespace, keys, writing=True)
         lock = self.locks[self.store.shard_of(namespace, tokens)]
         async with lock.write():
             plan = self.store.begin_insert(namespace, tokens, offset=offset, owner=owner, blocks=blocks)
@@ -326,13 +334,14 @@ class PrefixService:
         return result
 
     def insert_now(self, namespace: bytes, tokens: bytes, *, owner: int, offset: int = 0, data: Any = None,
-                   blocks: list[int] | None = None) -> InsertResult | None:
+                   blocks: list[int] | None = None, keys: bool = False) -> InsertResult | None:
         """:meth:`insert` done at once when the shard's lock is free and DATA is copied on the
         loop anyway (under THREAD_COPY_THRESHOLD): no await, no checkpoint. None: it would have
         to wait, and nothing was done; await :meth:`insert`. A StoreError as :meth:`insert`."""
         self._check_data(tokens, offset, data)
         if data is not None and len(data) >= THREAD_COPY_THRESHOLD:
             return None
+        self.store.use_keys(namespace, keys, writing=True)
         lock = self.locks[self.store.shard_of(namespace, tokens)]
         if not lock.try_acquire_write():
             return None
@@ -379,9 +388,12 @@ class PrefixService:
         prefix: bytes | None = None,
         pages: int | None = None,
         nbytes: int | None = None,
+        keys: bool = False,
     ) -> EvictResult:
-        """PFXEVICT: the pages of ``prefix``, ``pages`` pages, ``nbytes`` bytes, or (none given) all."""
+        """PFXEVICT: the pages of ``prefix``, ``pages`` pages, ``nbytes`` bytes, or (none given) all.
+        ``keys``: ``prefix`` is key pages (HASHES)."""
         if prefix is not None:
+            self.store.use_keys(namespace, keys)
             result = self.store.evict_prefix(namespace, prefix)
             if self.tier is not None:
                 self.tier.drop_prefix(namespace, prefix)

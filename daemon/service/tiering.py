@@ -20,8 +20,11 @@ Rules:
   fallback in both modes: a page evicted before its write-through copy landed is queued again
   only if it is not queued already.
 * **Promotion.** When a prompt's RAM match ends before its last whole page, :meth:`promote`
-  computes the idents of the pages after it (store/idents.py) and asks the catalog for the
-  leading run on disk. A run is read straight into fresh arena blocks of an insert plan
+  computes the idents of the pages after it (store/idents.py) and asks for the leading run the
+  tier can supply: on disk, or still in the queue (served from its copy, so a page is never a
+  miss for being between RAM and disk). The store's ``match(below=...)`` makes that check on the
+  fast path at the cost of one ident, and only when the RAM match is shorter than the prompt.
+  A run is read straight into fresh arena blocks of an insert plan
   (``os.preadv`` into the mapped arena: no extra copy; a staging buffer for the CUDA arena),
   each page verified, and the verified leading pages committed: the lookup that follows then
   answers exactly as for a RAM hit, with the same lease, block ids and bytes. The shard's write
@@ -42,7 +45,7 @@ Rules:
 * **Forgetting.** FLUSHALL/FLUSHDB forget the whole tier (the catalog at once; on disk by a
   flush sequence number in the tier's meta file, so no record older than it is loaded again);
   PFXEVICT TOKENS drops the disk subtree of the prefix, PFXEVICT ALL and DEL a namespace's disk
-  pages (their record headers zeroed in the background). PFXEVICT COUNT/BYTES free RAM only.
+  pages (their record headers zeroed in the background). PFXEVICT PAGES/BYTES free RAM only.
 * **Recovery.** At start the files' record headers are scanned in a thread (the tier answers
   misses meanwhile, INFO ``tier_disk_loading:1``) and the catalog rebuilt; payloads are verified
   when read. Nothing found on disk can fail a start: a bad record is a miss and a counter.
@@ -311,29 +314,28 @@ class TierService:
     # -- promotion ----------------------------------------------------------------------------
 
     def _present_ready(self, ident: bytes) -> bool:
-        return self.catalog.run((ident,)) == 1
+        return ident in self._queued or self.catalog.run((ident,)) == 1
 
-    def may_extend(self, namespace: bytes, tokens: bytes) -> bool:
-        """Whether the disk holds the page after the RAM match of ``tokens`` (then :meth:`promote`
-        has work); cheap when the tier is empty or the RAM match covers the prompt."""
-        if self.loading or not self.catalog.pages or len(tokens) < self.page_bytes:
+    def below(self, ident: bytes) -> bool:
+        """Whether the tier can supply the page ``ident`` (on disk, or still queued for it): the
+        store's ``match(below=...)`` predicate. False while the tier is loading or empty."""
+        if self.loading or not (self.catalog.pages or self._queued):
             return False
-        try:
-            _, found = self.store.tier_probe(namespace, tokens, self._present)
-        except StoreError:
-            return False
-        return bool(found)
+        return ident in self._queued or self.catalog.run((ident,)) == 1
 
     async def promote(self, namespace: bytes, tokens: bytes, lock: Any) -> None:
-        """Bring the disk pages that continue the RAM match of ``tokens`` into RAM (see the module
+        """Bring the pages that continue the RAM match of ``tokens`` up from the tier (see the module
         docstring); returns when they are in, or when the wait ran out. Never raises a StoreError."""
-        if self.loading or not self.catalog.pages or self._nursery is None:
+        if self.loading or not (self.catalog.pages or self._queued) or self._nursery is None:
+            return
+        try:  # first without the lock (no await: consistent): most lookups have nothing to bring up
+            _, found = self.store.tier_probe(namespace, tokens, self._present)
+        except StoreError:
+            return
+        if not found:
             return
         async with lock.write():
-            try:
-                ram, found = self.store.tier_probe(namespace, tokens, self._present)
-            except StoreError:
-                return
+            ram, found = self.store.tier_probe(namespace, tokens, self._present)
             if not found:
                 return
             waiting = self._inflight.get(found[0])
@@ -345,72 +347,105 @@ class TierService:
             if scope.cancelled_caught:
                 self.promotions_late += 1
 
+    def _sources(self, found: list[bytes]) -> list:
+        """Per page of ``found``, up to the first the tier cannot supply: its queued copy, or its
+        disk record, pinned (no eviction or slot reuse under the read)."""
+        sources: list = []
+        for ident in found:
+            queued = self._queued.get(ident)
+            if queued is not None:
+                sources.append(queued)
+                continue
+            pinned = self.catalog.pin((ident,))
+            if not pinned:
+                break
+            sources.append(pinned[0])
+        return sources
+
     def _start_read(self, namespace: bytes, tokens: bytes, ram: int, found: list[bytes]) -> trio.Event | None:
-        records = self.catalog.pin(found)
-        end = ram + len(records)
-        if not records:
+        sources = self._sources(found)
+        if not sources:
             return None
+        end = ram + len(sources)
         try:
             plan = self.store.begin_insert(namespace, tokens[: end * self.page_bytes], offset=ram * self.page_size,
                                            promotion=True)
-        except StoreError:  # no room (noeviction, quota, partition): the disk pages stay a miss
-            self._unpin(records)
+        except StoreError:  # no room (noeviction, quota, partition): the pages stay a miss
+            self._unpin_sources(sources)
             return None
-        if plan.start != ram or len(plan.new_blocks) != len(records):  # cannot happen: same loop step
+        if plan.start != ram or len(plan.new_blocks) != len(sources):  # cannot happen: same loop step
             self.store.abort_insert(plan)
-            self._unpin(records)
+            self._unpin_sources(sources)
             return None
         done = trio.Event()
         self._inflight[found[0]] = done
-        self._nursery.start_soon(self._read, plan, records, found[0], done)
+        self._nursery.start_soon(self._read, plan, sources, found[0], done)
         return done
 
-    async def _read(self, plan: Any, records: list, key: bytes, done: trio.Event) -> None:
-        headers = [RecordHeader(r.ident, r.parent, r.namespace, r.seq, r.slot) for r in records]
+    async def _read(self, plan: Any, sources: list, key: bytes, done: trio.Event) -> None:
         ok: list[bool] = []
         try:
-            ok = await trio.to_thread.run_sync(self._read_blocks, headers, list(plan.new_blocks))
+            ok = await trio.to_thread.run_sync(self._read_blocks, sources, list(plan.new_blocks))
         finally:
             good = 0
             while good < len(ok) and ok[good]:
                 good += 1
             self.promotion_reads += 1
-            if good < len(records):
-                bad = records[good:]
-                failed = [r.ident for r, fine in zip(bad, ok[good:] if ok else [False] * len(bad)) if not fine]
-                self.read_misses += len(bad)
+            records = [src for src in sources if not isinstance(src, _Queued)]
+            if good < len(sources):
+                self.read_misses += len(sources) - good
+                failed = [src.ident for src, fine in zip(sources, ok or [False] * len(sources))
+                          if not fine and not isinstance(src, _Queued)]
                 self._clear_later([r.slot for r in self.catalog.remove(failed)])
             try:
                 self.store.shorten_insert(plan, plan.start + good)
                 if good:
                     self.store.commit_insert(plan)
             finally:
-                self.catalog.touch(records[:good])
+                self.catalog.touch([src for src in sources[:good] if not isinstance(src, _Queued)])
                 self._unpin(records)
                 self.promotions += good
                 self.disk_hits += good
                 del self._inflight[key]
                 done.set()
 
-    def _read_blocks(self, headers: list, blocks: list[int]) -> list[bool]:
-        """Worker thread: the records' payloads into the plan's fresh blocks, verified."""
-        if self.host_views:
-            views = [self.arena.view(b) for b in blocks]
-            try:
-                return self.files.read(headers, views)
-            finally:
-                for view in views:
-                    view.release()
-        staging = bytearray(len(blocks) * self.block_bytes)
-        view = memoryview(staging)
+    def _read_blocks(self, sources: list, blocks: list[int]) -> list[bool]:
+        """Worker thread: each page's bytes into the plan's fresh blocks: a queued page from its copy,
+        a disk page read and verified. One ``preadv`` per run of slots; no extra copy into a mapped
+        arena, a staging buffer for the CUDA arena."""
         bb = self.block_bytes
-        ok = self.files.read(headers, [view[i * bb : (i + 1) * bb] for i in range(len(blocks))])
-        good = 0
-        while good < len(ok) and ok[good]:
-            good += 1
-        if good:
-            self.arena.write(blocks[:good], view[: good * bb])
-        return ok
+        staging = None
+        if self.host_views:
+            targets = [self.arena.view(b) for b in blocks]
+        else:
+            staging = memoryview(bytearray(len(blocks) * bb))
+            targets = [staging[i * bb : (i + 1) * bb] for i in range(len(blocks))]
+        try:
+            ok = [False] * len(sources)
+            on_disk = [i for i, src in enumerate(sources) if not isinstance(src, _Queued)]
+            for i, src in enumerate(sources):
+                if isinstance(src, _Queued):
+                    targets[i][:] = src.data
+                    ok[i] = True
+            if on_disk:
+                headers = [RecordHeader(r.ident, r.parent, r.namespace, r.seq, r.slot)
+                           for r in (sources[i] for i in on_disk)]
+                for i, fine in zip(on_disk, self.files.read(headers, [targets[i] for i in on_disk])):
+                    ok[i] = fine
+            if staging is not None:
+                good = 0
+                while good < len(ok) and ok[good]:
+                    good += 1
+                if good:
+                    self.arena.write(blocks[:good], staging[: good * bb])
+            return ok
+        finally:
+            if staging is None:
+                for view in targets:
+                    view.release()
+
+    def _unpin_sources(self, sources: list) -> None:
+        self._unpin([src for src in sources if not isinstance(src, _Queued)])
 
     def _unpin(self, records: list) -> None:
         removed = self.catalog.unpin(records)

@@ -205,7 +205,10 @@ class Evictor:
         tree = rec.trees.get(self._shard_of(name, tokens)) if rec is not None else None
         if tree is None:
             return self._result(0, 0)
-        node, pages, child, extra = tree.walk(tokens, npages)
+        if tree.keys is None:
+            node, pages, child, extra = tree.walk(tokens, npages)
+        else:  # key pages: the chain may start below the root (page_keys.py)
+            node, pages, child, extra, _ = tree.walk_keys(tokens, npages)
         if pages + extra < npages:
             return self._result(0, 0)
         # Make the last page of the prefix start a node: that node's subtree is exactly what goes.

@@ -43,6 +43,7 @@ class InsertPlan:
 
     __slots__ = (
         "_block_bytes",
+        "base",
         "done",
         "dup_blocks",
         "id",
@@ -78,6 +79,7 @@ class InsertPlan:
         # A promotion (the disk tier's pages read back into RAM): counted as promoted, not as an
         # insert, and not shown to the eviction policy as a store (it was one when first stored).
         self.promotion = False
+        self.base = 0  # key pages: pages on the path before the chain's first (page_keys.py)
         self._block_bytes = block_bytes
 
     @property
@@ -191,10 +193,13 @@ class Inserts:
         if rec is not None and rec.expires_at is not None:
             rec = self._keys.live(name)
         tree = rec.trees.get(shard) if rec is not None else None
-        if tree is not None:
-            node, pages, child, extra = tree.walk(tokens, npages)
-        else:
+        base = 0
+        if tree is None:
             node, pages, child, extra = None, 0, None, 0
+        elif tree.keys is None:
+            node, pages, child, extra = tree.walk(tokens, npages)
+        else:  # key pages: a chain whose first key is held below the root grows there (page_keys.py)
+            node, pages, child, extra, base = tree.walk_keys(tokens, npages)
         cached = pages + extra
         if cached < off:
             raise NoPrefix(f"the first {off * self._page_size} tokens (the offset) are not cached: "
@@ -229,6 +234,7 @@ class Inserts:
         plan = InsertPlan(self._plans.next_id(), name, shard, owner, tree, node, tokens, npages, off, cached,
                           self._block_bytes)
         plan.promotion = promotion
+        plan.base = base
         # Registered before allocating: the evictions reserve may cause must see the plan,
         # or they could retire this (still empty) namespace under it.
         self._plans.add(plan)
@@ -299,7 +305,8 @@ class Inserts:
         if not plan.promotion:
             self.inserts += 1
             self.stored += stored
-        result = InsertResult(stored, plan.npages - plan.offset_pages - stored, tree.path_blocks(end))
+        path = tree.path_blocks(end)
+        result = InsertResult(stored, plan.npages - plan.offset_pages - stored, path[plan.base:] if plan.base else path)
         if rec.deleted:  # DEL'd during the insert: nobody may see these pages
             self._evictor.sweep_deleted(rec)
         else:

@@ -61,6 +61,8 @@ class Lookups:
         ident = namespace_ident(name)
         if tree is not None:
             node, pages, child, extra = tree.walk(tokens, npages)
+            if not pages + extra and tree.keys and tokens[:P] in tree.keys:
+                return 0, []  # a run of key pages that starts below the root: RAM answers it alone
             ram = pages + extra
             if extra:
                 ident = node_idents(child)[(extra - 1) * IDENT_BYTES : extra * IDENT_BYTES]
@@ -75,8 +77,13 @@ class Lookups:
         return ram, found
 
     def match(self, ns, tokens, lease: bool = True, ttl_ms: int | None = None, owner: int = 0,
-              transient: bool = False) -> MatchResult:
+              transient: bool = False, below: Callable[[bytes], bool] | None = None) -> MatchResult | None:
         """Longest cached whole-page prefix of ``tokens`` in ``ns``.
+
+        ``below(ident)``: whether a lower tier holds a page (tiering.py). When it holds the page
+        right after the RAM match, nothing is counted, touched or leased and None is returned: the
+        caller brings those pages up first. It costs one ident and one call, and only when the
+        RAM match is shorter than the prompt.
 
         Counts hits/misses in tokens, touches the matched path (time and
         frequency), and with ``lease`` pins it under a READ lease of ``owner``.
@@ -98,10 +105,22 @@ class Lookups:
         pages = 0
         blocks: list[int] = []
         lease_id = 0
+        base = 0
         tree = rec.trees.get(self._shard_of(name, tokens)) if npages else None
         node = None
         if tree is not None:
-            node, pages = tree.locate(tokens, npages)  # split so a pin covers exactly the match
+            if tree.keys is None:
+                node, pages = tree.locate(tokens, npages)  # split so a pin covers exactly the match
+            else:  # key pages: the run may start below the root (page_keys.py)
+                node, pages, child, extra, base = tree.walk_keys(tokens, npages)
+                if child is not None:
+                    node = tree.split(child, extra)
+                    pages += extra
+            if below is not None and pages < npages and not base:
+                last = node_idents(node)[-IDENT_BYTES:] if pages else namespace_ident(name)
+                P = self._page_bytes
+                if below(page_ident(last, tokens[pages * P : (pages + 1) * P])):
+                    return None
             if pages and lease and not transient:
                 leases.check_room(owner, rec.quota, pages)  # refused: nothing but the split changed
             if pages:
@@ -112,8 +131,12 @@ class Lookups:
                     tree.pin(node)
                 tree.touch(node, self._clock(), hit=True)
                 blocks = tree.path_blocks(node, cache=True)
-                if lease:
+                if lease:  # the lease holds what it pins: the whole path, from the root
                     lease_id = leases.take_read(owner, rec, deadline, node, list(blocks))
+                if base:
+                    blocks = blocks[base:]
+        elif below is not None and npages and below(page_ident(namespace_ident(name), tokens[: self._page_bytes])):
+            return None
         if npages:
             partitions = self._partitions
             index = partitions.index if not partitions.parts else (rec.part or partitions.part_of(name)).index
@@ -135,5 +158,6 @@ class Lookups:
         tree = rec.trees.get(self._shard_of(name, tokens)) if rec is not None and npages else None
         if tree is None:
             return 0
-        _, pages, _, extra = tree.walk(tokens, npages)
+        _, pages, _, extra, _ = tree.walk_keys(tokens, npages) if tree.keys is not None else (
+            *tree.walk(tokens, npages), 0)
         return (pages + extra) * self._page_size

@@ -87,11 +87,16 @@ class Namespaces:
         #: The tenant rules in force (quotas.py): which one a new record falls under.
         self.quotas = quotas
         self.epoch = 0  # changes whenever a namespace appears or goes (SCAN's order cache)
+        #: Namespaces of key pages (page_keys.py): from their first HASHES insert until they are empty.
+        self.key_names: set[bytes] = set()
 
     def shard_of(self, name: bytes, tokens: bytes) -> int:
-        """The shard of packed ``tokens`` in namespace ``name``: crc32 of (name, first page) mod shards."""
+        """The shard of packed ``tokens`` in namespace ``name``: crc32 of (name, first page) mod shards;
+        a namespace of key pages keeps one tree (a lookup may start at any of its pages): crc32 of name."""
         if self._shards == 1:
             return 0
+        if self.key_names and name in self.key_names:
+            return zlib.crc32(name) % self._shards
         return zlib.crc32(tokens[: self._page_bytes], zlib.crc32(name)) % self._shards
 
     def create(self, name: bytes) -> Namespace:
@@ -118,6 +123,8 @@ class Namespaces:
             else:
                 index, totals = part.index, part.totals
             tree = rec.trees[shard] = RadixTree(self._page_bytes, index, totals, rec.name, shard)
+            if rec.name in self.key_names:
+                tree.keys = {}
         return tree
 
     def names(self) -> list[bytes]:
@@ -132,6 +139,7 @@ class Namespaces:
             return
         self.retired.absorb(rec)
         del self.records[rec.name]
+        self.key_names.discard(rec.name)
         self._partitions.index_of(rec).forget_scope(rec.name)
         self.epoch += 1
 
@@ -140,6 +148,7 @@ class Namespaces:
         eviction index forgets what it knew under the old name."""
         old = rec.name
         del self.records[old]
+        self.key_names.discard(old)
         self._partitions.index_of(rec).forget_scope(old)
         rec.name = new
         for tree in rec.trees.values():

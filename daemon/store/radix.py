@@ -122,6 +122,9 @@ class RadixTree:
         self.pages = 0
         self.unpinned = 0
         self.nodes = 0  # excluding the root
+        # A namespace of key pages (page_keys.py): which node holds each page, so a lookup can
+        # start where a chain's first key is held, not only at the root. None for token pages.
+        self.keys: dict[bytes, Node] | None = None
         index.attach(self)
 
     def _count(self, pages: int, unpinned: int) -> None:
@@ -186,6 +189,11 @@ class RadixTree:
             top.idents, child.idents = child.idents[: m * 16], child.idents[m * 16 :]
         self.index.split(top, child, m)  # the policy's state of the upper part (what it keeps per page: cut)
         parent.children[top.key[:P]] = top
+        keys = self.keys
+        if keys is not None:
+            for pos in range(0, cut, P):
+                if keys.get(child.key[pos : pos + P]) is child:
+                    keys[child.key[pos : pos + P]] = top
         child.key = child.key[cut:]
         child.blocks = child.blocks[m:]
         child.blocks_encoded = child.blocks_list = None
@@ -285,6 +293,11 @@ class RadixTree:
     def add_leaf(self, parent: Node, key: bytes, blocks, now: float) -> Node:
         """Hang a new unpinned leaf of whole pages below ``parent`` (no child there starts with key's first page)."""
         node = Node(self, parent, key, blocks, now)
+        keys = self.keys
+        if keys is not None:
+            P = self.page_bytes
+            for pos in range(0, len(key), P):
+                keys[key[pos : pos + P]] = node
         if parent.evictable:
             self.index.remove(parent)
         parent.children[key[: self.page_bytes]] = node
@@ -300,6 +313,8 @@ class RadixTree:
         Removing a whole leaf may turn its parent into an unpinned leaf.
         """
         n = len(node.blocks)
+        if self.keys is not None:
+            self._unindex(node, n - k, n)
         if k < n:
             self.index.evicted(node, whole=False)
             freed = node.blocks[n - k :]
@@ -336,6 +351,44 @@ class RadixTree:
         if not children and parent.lock_ref == 0 and parent.parent is not None:
             index.add(parent, uncovered=True)
         return freed
+
+    def _unindex(self, node: Node, lo: int, hi: int) -> None:
+        """Forget where pages lo..hi-1 of ``node`` are (they are leaving it)."""
+        keys, P, key = self.keys, self.page_bytes, node.key
+        for pos in range(lo * P, hi * P, P):
+            page = key[pos : pos + P]
+            if keys.get(page) is node:
+                del keys[page]
+
+    def walk_keys(self, tokens: bytes, npages: int) -> tuple[Node, int, Node | None, int, int]:
+        """:meth:`walk` for a tree of key pages: from the root, or, when the first page is not a
+        first page of the tree, from wherever the tree holds it (splitting its edge there).
+
+        Returns ``(node, pages, child, extra, base)`` as walk's, ``pages`` counted from the first page
+        of ``tokens``, and ``base``: the pages on the path from the root before that first page
+        (0 for a walk from the root). A run found is one path of linked pages: never a hole.
+        """
+        node, pages, child, extra = self.walk(tokens, npages)
+        if pages + extra or self.keys is None or not npages:
+            return node, pages, child, extra, 0
+        P = self.page_bytes
+        first = tokens[:P]
+        holder = self.keys.get(first)
+        if holder is None:
+            return node, 0, None, 0, 0
+        pos = 0
+        while True:  # the page's place on the holder's edge (a page boundary)
+            pos = holder.key.find(first, pos)
+            if pos < 0:  # not there after all: the index is kept in step, so never
+                return node, 0, None, 0, 0
+            if pos % P == 0:
+                break
+            pos += 1
+        page = pos // P
+        top = self.split(holder, page + 1) if page + 1 < len(holder.blocks) else holder
+        base = self.depth_pages(top) - 1
+        node, pages, child, extra = self.walk(tokens, npages, top, 1)
+        return node, pages, child, extra, base
 
     @staticmethod
     def subtree(top: Node) -> list[Node]:
@@ -408,4 +461,12 @@ class RadixTree:
         if (pages, unpinned, len(nodes)) != (self.pages, self.unpinned, self.nodes):
             problems.append(f"tree {self.scope!r}/{self.shard}: counters pages/unpinned/nodes "
                             f"{self.pages}/{self.unpinned}/{self.nodes} != {pages}/{unpinned}/{len(nodes)}")
+        if self.keys is not None:
+            # Key pages: the index names, for each page it holds, a node of this tree holding that page.
+            # (A key held twice, once as a first page and once deeper, is indexed once; when that copy
+            # goes the other is found from the root only, until stored again: a miss, never a wrong page.)
+            live = {id(node) for node in nodes}
+            for page, node in self.keys.items():
+                if id(node) not in live or all(node.key[pos : pos + P] != page for pos in range(0, len(node.key), P)):
+                    problems.append(f"tree {self.scope!r}/{self.shard}: key index names a node without the page")
         return problems, nodes

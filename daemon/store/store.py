@@ -42,6 +42,7 @@ from .leases import Leases
 from .listeners import Listeners
 from .lookups import Lookups
 from .namespaces import Namespaces
+from .page_keys import key_pages
 from .partitions import ArenaPartitions
 from .quotas import QuotaBook, TenantQuotas
 from .registry import POLICIES
@@ -198,15 +199,52 @@ class PrefixStore:
     # -- reads ----------------------------------------------------------------------------------
 
     def match(self, ns, tokens, *, lease: bool = True, ttl_ms: int | None = None, owner: int = 0,
-              transient: bool = False) -> MatchResult:
-        """Longest cached whole-page prefix of ``tokens`` in ``ns``; see lookups.Lookups.match."""
-        return self._lookups.match(ns, tokens, lease, ttl_ms, owner, transient)  # positional: the hot path
+              transient: bool = False, below=None) -> MatchResult | None:
+        """Longest cached whole-page prefix of ``tokens`` in ``ns``; see lookups.Lookups.match (None:
+        ``below`` says a lower tier continues the match)."""
+        return self._lookups.match(ns, tokens, lease, ttl_ms, owner, transient, below)  # positional: the hot path
 
     def cached_tokens(self, ns, tokens) -> int:
         """Tokens of the longest cached whole-page prefix, without touching, counting or leasing anything."""
         return self._lookups.cached_tokens(ns, tokens)
 
     # -- writes ---------------------------------------------------------------------------------
+
+    def use_keys(self, ns, keys: bool, *, writing: bool = False) -> None:
+        """Check that a request's kind of pages (key pages: ``keys``) is the namespace's; BadRequest
+        if not. A write of key pages into a namespace that holds nothing makes it a key namespace
+        (page_keys.py)."""
+        names = self._names
+        if not keys and not names.key_names:
+            return
+        name = namespace_name(ns)
+        rec = names.records.get(name)
+        if name in names.key_names:
+            if keys:
+                return
+            if rec is not None and rec.holds_anything:
+                raise BadRequest(f"namespace '{name.decode(errors='backslashreplace')}' holds key pages "
+                                 f"(HASHES): it takes HASHES, not TOKENS or PACKED")
+            names.key_names.discard(name)  # marked by a write that stored nothing: free again
+            if rec is not None:
+                for tree in rec.trees.values():
+                    tree.keys = None
+            return
+        if not keys:
+            return
+        if rec is not None and rec.holds_anything:
+            raise BadRequest(f"namespace '{name.decode(errors='backslashreplace')}' holds token pages: "
+                             f"it takes TOKENS or PACKED, not HASHES")
+        if writing:
+            names.key_names.add(name)
+            if rec is not None:
+                for tree in rec.trees.values():  # empty: nothing to index yet
+                    if tree.keys is None:
+                        tree.keys = {}
+
+    def key_pages(self, keys) -> bytes:
+        """The packed pages standing for page ``keys`` in prefix order (page_keys.py); BadRequest for bad keys."""
+        return key_pages(keys, self.page_bytes)
 
     def tier_probe(self, ns, tokens, present) -> tuple[int, list[bytes]]:
         """Pages of ``tokens`` cached in RAM, and the idents of the pages after them a lower tier
