@@ -372,3 +372,53 @@ def test_the_metrics_endpoint_shows_the_disk_tier(daemon_at):
     demoted = re.search(r'^pfxcache_tier_demotions_total\{tier="disk"\} (\S+)$', text, re.M)
     assert pages and float(pages.group(1)) == info["tier_disk_pages"] > 0
     assert demoted and float(demoted.group(1)) == info["tier_disk_demotions"]
+
+
+def test_kv_events_say_where_a_page_went(daemon_at):
+    """Demotion: BlockRemoved (the arena's medium) then BlockStored with medium DISK; promotion:
+    BlockStored in the arena's medium again; the disk's own eviction: BlockRemoved DISK."""
+    import msgspec
+    import zmq
+
+    from pfxcache.daemon.service.kv_events import END_SEQ
+    from pfxcache.testing import free_port
+
+    replay = f"tcp://127.0.0.1:{free_port()}"
+    pub = f"tcp://127.0.0.1:{free_port()}"
+    d, r = daemon_at("--kv-events-endpoint", pub, "--kv-events-replay-endpoint", replay,
+                     "--kv-events-replay-buffer", "100000", tier=24 * BLOCK)
+    settle(r)
+    work = prompts(20, 3, seed=20)  # 60 pages through 16 blocks and 24 slots
+    for tokens in work:
+        put(r, "a", tokens)
+    settle(r)
+    assert get(r, "a", work[-7]) == len(work[-7])  # out of RAM (16 blocks), still on disk (24 slots)
+    assert tiers(r)["tier_disk_promotions"] > 0
+    deadline = time.monotonic() + 20
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(replay)
+        while True:  # the publisher thread has caught up once the promotion's BlockStored is there
+            sock.send_multipart([b"", (0).to_bytes(8, "big")])
+            events = []
+            while True:
+                assert sock.poll(20000), "no replay reply"
+                frames = sock.recv_multipart()
+                if frames[1] == END_SEQ:
+                    break
+                events += msgspec.msgpack.decode(frames[2])[1]
+            media = [(e["type"], e.get("medium")) for e in events]
+            if media.count(("BlockStored", "CPU")) > len(work) or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+    finally:
+        sock.close()
+        ctx.term()
+    assert ("BlockStored", "DISK") in media
+    assert ("BlockRemoved", "DISK") in media  # 60 pages through 16 blocks and 24 slots: the disk evicted some
+    first_disk = media.index(("BlockStored", "DISK"))
+    assert ("BlockRemoved", "CPU") in media[:first_disk]  # it left RAM before it reached the disk
+    # the promotion: one more BlockStored in RAM than the PFXSETs made (one each)
+    assert media.count(("BlockStored", "CPU")) > len(work)

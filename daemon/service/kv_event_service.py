@@ -40,13 +40,17 @@ class KvEventChannels:
         self.pubsub = pubsub
 
     def blocks_stored(self, namespace: bytes, parent_hash: bytes | None, block_hashes: bytes,
-                      tokens: bytes) -> None:
+                      tokens: bytes, medium: str | None = None) -> None:
+        if medium is not None:  # the channels follow the arena; a lower tier's pages are ZMQ events only
+            return
         channel = CHANNEL_PREFIX + namespace
         if self.pubsub.has_listeners(channel):
             parent = b"-" if parent_hash is None else parent_hash.hex().encode()
             self.pubsub.publish(channel, b" ".join([b"stored", parent, *_hex_words(block_hashes)]))
 
-    def blocks_removed(self, namespace: bytes, block_hashes: bytes) -> None:
+    def blocks_removed(self, namespace: bytes, block_hashes: bytes, medium: str | None = None) -> None:
+        if medium is not None:
+            return
         channel = CHANNEL_PREFIX + namespace
         if self.pubsub.has_listeners(channel):
             self.pubsub.publish(channel, b" ".join([b"removed", *_hex_words(block_hashes)]))

@@ -149,14 +149,14 @@ class KvEventPublisher:
             self._wakeup.set()
 
     def blocks_stored(self, namespace: bytes, parent_hash: bytes | None, block_hashes: bytes,
-                      tokens: bytes) -> None:
-        self._put((0, namespace, parent_hash, block_hashes, tokens))
+                      tokens: bytes, medium: str | None = None) -> None:
+        self._put((0, namespace, parent_hash, block_hashes, tokens, medium))
 
-    def blocks_removed(self, namespace: bytes, block_hashes: bytes) -> None:
-        self._put((1, namespace, None, block_hashes, None))
+    def blocks_removed(self, namespace: bytes, block_hashes: bytes, medium: str | None = None) -> None:
+        self._put((1, namespace, None, block_hashes, None, medium))
 
     def all_cleared(self, namespaces: list[bytes]) -> None:
-        self._put((2, None, None, None, None))
+        self._put((2, None, None, None, None, None))
 
     # -- settings that apply at once ---------------------------------------------------------------
 
@@ -263,14 +263,14 @@ class KvEventPublisher:
                 return
 
     def _event(self, item: tuple):
-        kind, namespace, parent, hashes, tokens = item
+        kind, namespace, parent, hashes, tokens, medium = item
         if kind == 0:
             ids = array("I")
             ids.frombytes(tokens)
             return BlockStored(to_ints(hashes), None if parent is None else int.from_bytes(parent, "big"),
-                               ids.tolist(), self.page_size, None, self.medium, namespace_label(namespace))
+                               ids.tolist(), self.page_size, None, medium or self.medium, namespace_label(namespace))
         if kind == 1:
-            return BlockRemoved(to_ints(hashes), self.medium)
+            return BlockRemoved(to_ints(hashes), medium or self.medium)
         return AllBlocksCleared()
 
     def _send(self, encoder, events: list) -> None:

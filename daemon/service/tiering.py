@@ -61,6 +61,7 @@ from typing import Any
 
 import trio
 
+from pfxcache.daemon.store.block_hashes import HASH_BYTES, node_hashes, parent_hash
 from pfxcache.daemon.store.disk_catalog import DiskCatalog
 from pfxcache.daemon.store.errors import StoreError
 from pfxcache.daemon.store.idents import IDENT_BYTES, chain, ident_before, namespace_ident, node_idents
@@ -78,13 +79,15 @@ BATCH_PAGES = 256
 class _Queued:
     """A page waiting for the demoter: its identity and a copy of its bytes."""
 
-    __slots__ = ("data", "ident", "namespace", "parent")
+    __slots__ = ("data", "event", "ident", "namespace", "parent")
 
-    def __init__(self, namespace: bytes, parent: bytes, ident: bytes, data: memoryview) -> None:
+    def __init__(self, namespace: bytes, parent: bytes, ident: bytes, data: memoryview, event=None) -> None:
         self.namespace = namespace
         self.parent = parent
         self.ident = ident
         self.data = data
+        # KV events on: (parent block hash or None, block hash, tokens) for its BlockStored(DISK).
+        self.event = event
 
 
 class TierService:
@@ -121,6 +124,7 @@ class TierService:
         self._wake: trio.Event | None = None
         self._nursery: trio.Nursery | None = None
         self._inflight: dict[bytes, trio.Event] = {}
+        self._hashes: dict[bytes, bytes] = {}  # ident -> block hash of disk pages announced stored
         self._present = self._present_ready
         # Counters (INFO # tiers, metrics).
         self.demotions = 0
@@ -233,8 +237,14 @@ class TierService:
         blocks = node.blocks
         data = memoryview(self.arena.read([blocks[page] for page, _, _ in pages]))
         bb = self.block_bytes
-        for i, (_, parent, ident) in enumerate(pages):
-            entry = _Queued(namespace, parent, ident, data[i * bb : (i + 1) * bb])
+        hashes = node_hashes(node) if self.store.listeners.events is not None else None
+        P = self.page_bytes
+        for i, (page, parent, ident) in enumerate(pages):
+            event = None
+            if hashes is not None:
+                before = hashes[(page - 1) * HASH_BYTES : page * HASH_BYTES] if page else parent_hash(node)
+                event = (before, hashes[page * HASH_BYTES : (page + 1) * HASH_BYTES], node.key[page * P : (page + 1) * P])
+            entry = _Queued(namespace, parent, ident, data[i * bb : (i + 1) * bb], event)
             self._queue.append(entry)
             queued[ident] = entry
         self._queue_bytes += need
@@ -251,6 +261,7 @@ class TierService:
     def _reserve(self, batch: list[_Queued]) -> tuple[list, list]:
         records, evicted = self.catalog.reserve([(q.ident, q.parent, q.namespace) for q in batch])
         self.disk_evictions += len(evicted)
+        self._announce_gone(evicted)  # their slots are being reused by this batch: nothing to clear
         headers, payloads, kept = [], [], []
         for q, rec in zip(batch, records):
             if rec is None:
@@ -266,13 +277,36 @@ class TierService:
                 del self._queued[q.ident]
             self._queue_bytes -= len(q.data)
         removed = self.catalog.commit(kept, ok)
+        self._announce_stored(batch, kept, ok)
         good = sum(ok)
         self.demotions += good
         self.demotions_skipped += len(batch) - good
         if len(kept) != good and self.files.stats().get("last_error"):
             self._note_failure()
         if removed:
-            self._clear_later([rec.slot for rec in removed])
+            self._clear_later([rec.slot for rec in self._announce_gone(removed)])
+
+    def _announce_stored(self, batch: list[_Queued], kept: list, ok: list[bool]) -> None:
+        """KV events: BlockStored(medium DISK) for each page now durable on disk."""
+        events = self.store.listeners.events
+        if events is None:
+            return
+        written = {rec.ident for rec, fine in zip(kept, ok) if fine and not rec.dead}
+        for q in batch:
+            if q.event is not None and q.ident in written:
+                before, block_hash, tokens = q.event
+                events.blocks_stored(q.namespace, before, block_hash, tokens, "DISK")
+                self._hashes[q.ident] = block_hash
+
+    def _announce_gone(self, records: list) -> list:
+        """KV events: BlockRemoved(medium DISK) for disk pages that were announced stored; returns
+        ``records``. (Pages found on disk at start were never announced: none is sent for them.)"""
+        hashes, events = self._hashes, self.store.listeners.events
+        for rec in records:
+            block_hash = hashes.pop(rec.ident, None)
+            if block_hash is not None and events is not None:
+                events.blocks_removed(rec.namespace, block_hash, "DISK")
+        return records
 
     async def _write_batch(self) -> None:
         batch = self._take_batch()
@@ -396,7 +430,7 @@ class TierService:
                 self.read_misses += len(sources) - good
                 failed = [src.ident for src, fine in zip(sources, ok or [False] * len(sources))
                           if not fine and not isinstance(src, _Queued)]
-                self._clear_later([r.slot for r in self.catalog.remove(failed)])
+                self._clear_later([r.slot for r in self._announce_gone(self.catalog.remove(failed))])
             try:
                 self.store.shorten_insert(plan, plan.start + good)
                 if good:
@@ -450,7 +484,7 @@ class TierService:
     def _unpin(self, records: list) -> None:
         removed = self.catalog.unpin(records)
         if removed:
-            self._clear_later([r.slot for r in removed])
+            self._clear_later([r.slot for r in self._announce_gone(removed)])
 
     # -- forgetting ----------------------------------------------------------------------------
 
@@ -466,13 +500,14 @@ class TierService:
         """FLUSHALL/FLUSHDB: forget every disk page, durably (the meta file's flush sequence)."""
         self._drop_queued(lambda q: False)
         removed = self.catalog.flush()
+        self._hashes.clear()  # FLUSHALL's AllBlocksCleared covers every medium
         self.files.set_flush_seq(self.catalog.next_seq - 1)
         return len(removed)
 
     def drop_namespace(self, namespace: bytes) -> int:
         """PFXEVICT ALL, DEL, an expired namespace: its disk pages go."""
         self._drop_queued(lambda q: q.namespace != namespace)
-        removed = self.catalog.drop_namespace(namespace)
+        removed = self._announce_gone(self.catalog.drop_namespace(namespace))
         self._clear_later([r.slot for r in removed])
         return len(removed)
 
@@ -483,7 +518,7 @@ class TierService:
             return 0
         self._drop_queued(lambda q: q.namespace != namespace)
         packed = chain(namespace_ident(namespace), tokens[: npages * self.page_bytes], self.page_bytes)
-        removed = self.catalog.drop_subtree(packed[-IDENT_BYTES:])
+        removed = self._announce_gone(self.catalog.drop_subtree(packed[-IDENT_BYTES:]))
         self._clear_later([r.slot for r in removed])
         return len(removed)
 

@@ -27,11 +27,13 @@ class StoreEvents(Protocol):
     """
 
     def blocks_stored(self, namespace: bytes, parent_hash: bytes | None, block_hashes: bytes,
-                      tokens: bytes) -> None:
-        """Whole pages were cached: one hash per page, ``tokens`` their packed uint32 token ids."""
+                      tokens: bytes, medium: str | None = None) -> None:
+        """Whole pages were cached: one hash per page, ``tokens`` their packed uint32 token ids.
+        ``medium``: where (vLLM's event field): None for the arena, "DISK" for the disk tier."""
 
-    def blocks_removed(self, namespace: bytes, block_hashes: bytes) -> None:
-        """Pages left the cache (children before their parents, a run's last page first)."""
+    def blocks_removed(self, namespace: bytes, block_hashes: bytes, medium: str | None = None) -> None:
+        """Pages left the cache (children before their parents, a run's last page first); ``medium``
+        as for blocks_stored."""
 
     def all_cleared(self, namespaces: list[bytes]) -> None:
         """FLUSHALL: every page of ``namespaces`` is gone (pinned survivors are announced again right after)."""
@@ -43,12 +45,14 @@ class EventLog:
     def __init__(self) -> None:
         self.events: list[tuple] = []
 
-    def blocks_stored(self, namespace, parent_hash, block_hashes, tokens) -> None:
+    def blocks_stored(self, namespace, parent_hash, block_hashes, tokens, medium=None) -> None:
         parent = None if parent_hash is None else to_ints(parent_hash)[0]
-        self.events.append(("stored", namespace, parent, to_ints(block_hashes), bytes(tokens)))
+        event = ("stored", namespace, parent, to_ints(block_hashes), bytes(tokens))
+        self.events.append(event if medium is None else (*event, medium))
 
-    def blocks_removed(self, namespace, block_hashes) -> None:
-        self.events.append(("removed", namespace, to_ints(block_hashes)))
+    def blocks_removed(self, namespace, block_hashes, medium=None) -> None:
+        event = ("removed", namespace, to_ints(block_hashes))
+        self.events.append(event if medium is None else (*event, medium))
 
     def all_cleared(self, namespaces) -> None:
         self.events.append(("cleared", list(namespaces)))
@@ -60,13 +64,13 @@ class EventFanout:
     def __init__(self, sinks: list) -> None:
         self.sinks = sinks
 
-    def blocks_stored(self, namespace, parent_hash, block_hashes, tokens) -> None:
+    def blocks_stored(self, namespace, parent_hash, block_hashes, tokens, medium=None) -> None:
         for sink in self.sinks:
-            sink.blocks_stored(namespace, parent_hash, block_hashes, tokens)
+            sink.blocks_stored(namespace, parent_hash, block_hashes, tokens, medium)
 
-    def blocks_removed(self, namespace, block_hashes) -> None:
+    def blocks_removed(self, namespace, block_hashes, medium=None) -> None:
         for sink in self.sinks:
-            sink.blocks_removed(namespace, block_hashes)
+            sink.blocks_removed(namespace, block_hashes, medium)
 
     def all_cleared(self, namespaces) -> None:
         for sink in self.sinks:
