@@ -195,6 +195,12 @@ EXPECTED_DEFAULTS = {
     "disk-tier-fsync": "batch",
     "disk-tier-read-timeout": 500,
     "disk-tier-queue": 64 * 1024**2,
+    "remote-tier": "",
+    "remote-tier-password": "",
+    "remote-tier-timeout": 50,
+    "remote-tier-queue": 64 * 1024**2,
+    "remote-tier-ttl": 0,
+    "remote-tier-write": "through",
     "appendonly": False,
     "daemonize": False,
     "hz": 10,
@@ -261,6 +267,8 @@ def test_mutability_matches_redis():
         "metrics-port", "metrics-bind",
         # ours: the disk tier's files are opened once, at start-up
         "disk-tier-size", "disk-tier-path", "disk-tier-write", "disk-tier-fsync",
+        # ours: the shared tier's connection is made once, at start-up
+        "remote-tier", "remote-tier-password", "remote-tier-timeout", "remote-tier-ttl", "remote-tier-write",
         # immutable in redis-server too
         "enable-debug-command",
     }

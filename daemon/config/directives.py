@@ -399,6 +399,39 @@ DIRECTIVES: tuple[Directive, ...] = (
         "full are dropped (INFO tiers: tier_disk_demotions_skipped) rather than slow down a write.",
     ),
     Directive(
+        name="remote-tier", kind=String(), default="", mutable=False,
+        doc="The shared tier under the arena and the disk tier (docs/operating.md#the-shared-tier): "
+        "redis://[user:password@]host:port (one Redis or Valkey) or "
+        "redis-cluster://[user:password@]host:port[,host:port...] (seed nodes of a Redis Cluster). "
+        "Every daemon given the same URL shares the pages it stores; \"\" (the default): none. "
+        "As requirepass, CONFIG GET shows it; the log never shows its password.",
+    ),
+    Directive(
+        name="remote-tier-password", kind=String(), default="", mutable=False,
+        doc="The shared tier's password, when it is not in the remote-tier URL (\"\" : the URL's).",
+    ),
+    Directive(
+        name="remote-tier-timeout", kind=Int(), default=50, minimum=1, maximum=INT_MAX, mutable=False,
+        doc="Milliseconds a PFXGET waits for pages fetched from the shared tier (and each call's socket "
+        "timeout); later, those pages are a miss for this request.",
+    ),
+    Directive(
+        name="remote-tier-queue", kind=Memory(), default=64 * 1024**2, minimum=0, maximum=LONG_MAX,
+        doc="Bytes of pages waiting to be written to the shared tier; pages stored or evicted while it is "
+        "full, or while the cluster is down, are dropped (INFO tiers: tier_remote_drops), never waited for.",
+    ),
+    Directive(
+        name="remote-tier-ttl", kind=Int(), default=0, minimum=0, maximum=INT_MAX, mutable=False,
+        doc="Seconds a page written to the shared tier lives there (SET EX); 0 (the default): until the "
+        "cluster's own maxmemory-policy evicts it.",
+    ),
+    Directive(
+        name="remote-tier-write", kind=Enum(("back", "through")), default="through", mutable=False,
+        doc="When pages reach the shared tier: through (the default) as soon as PFXSET stores them, so "
+        "every daemon of the fleet finds them at once, and when evicted if not written yet; back only "
+        "when the eviction policy takes them out of RAM.",
+    ),
+    Directive(
         name="appendonly", kind=Bool(), default=False, allowed=(False,), refusal=_NO_PERSISTENCE,
         doc="Redis's append-only file. pfxcached keeps nothing on disk, so only no is accepted.",
     ),

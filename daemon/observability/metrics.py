@@ -222,6 +222,21 @@ class DaemonCollector:
         "queue_pages": ("gauge", "Pages waiting to be written to the tier."),
     }
 
+    #: INFO tiers fields of the shared tier alone (no label): name -> (kind, help).
+    REMOTE_TIER_FIELDS = {
+        "misses": ("counter", "Shared-tier fetches that brought no page."),
+        "fetches": ("counter", "Batched fetches from the shared tier."),
+        "fetches_late": ("counter", "Fetches a PFXGET stopped waiting for (remote-tier-timeout)."),
+        "fetch_bytes": ("counter", "Bytes fetched from the shared tier."),
+        "fetch_latency_avg_us": ("gauge", "Mean time of a shared-tier fetch, microseconds."),
+        "write_latency_avg_us": ("gauge", "Mean time of a shared-tier write batch, microseconds."),
+        "writes": ("counter", "Pages written to the shared tier."),
+        "drops": ("counter", "Pages not written to the shared tier (queue full, cluster down, failed)."),
+        "errors": ("counter", "Failed calls to the shared tier."),
+        "reconnects": ("counter", "Times the shared tier's clients were rebuilt."),
+        "nodes": ("gauge", "Nodes of the shared tier's cluster the client knows."),
+    }
+
     def _tiers(self) -> Iterator[Any]:
         m = _prometheus()
         tier = getattr(self.server.prefix, "tier", None)
@@ -231,8 +246,14 @@ class DaemonCollector:
         for field, (kind, doc) in self.TIER_FIELDS.items():
             family = (m.GaugeMetricFamily if kind == "gauge" else m.CounterMetricFamily)(
                 f"pfxcache_tier_{field}", doc, labels=["tier"])
-            family.add_metric(["disk"], fields[f"tier_disk_{field}"])
+            for name in ("disk", "remote"):
+                if f"tier_{name}_{field}" in fields:
+                    family.add_metric([name], fields[f"tier_{name}_{field}"])
             yield family
+        for field, (kind, doc) in self.REMOTE_TIER_FIELDS.items():
+            if f"tier_remote_{field}" in fields:
+                family = m.GaugeMetricFamily if kind == "gauge" else m.CounterMetricFamily
+                yield family(f"pfxcache_tier_remote_{field}", doc, fields[f"tier_remote_{field}"])
 
 
 def build_registry(server: ServerState) -> CollectorRegistry:

@@ -67,6 +67,8 @@ from pfxcache.daemon.server.listeners import ListenerSet
 from pfxcache.daemon.server.server import Server
 from pfxcache.daemon.service.kv_event_service import KvEventService
 from pfxcache.daemon.service.persistence import Persistence, PersistenceError
+from pfxcache.daemon.service.remote_tier import RemoteTierService
+from pfxcache.daemon.service.tier_chain import TierChain
 from pfxcache.daemon.service.tiering import TierService
 from pfxcache.daemon.tier.files import TierPathError
 from pfxcache.daemon.service.prefix import PrefixService
@@ -152,6 +154,23 @@ def open_disk_tier(config: Config, prefix: PrefixService) -> TierService:
     return tier
 
 
+def open_remote_tier(config: Config, prefix: PrefixService) -> RemoteTierService:
+    """The shared tier's settings checked (it connects once serving, and reconnects by itself); a
+    StartupError when the URL is not one. The log line shows the URL without its password."""
+    try:
+        import redis.cluster  # noqa: F401  (the client the shared tier runs in worker threads)
+    except ImportError as exc:
+        raise StartupError(f"remote-tier needs redis-py (pip install 'pfxcache[remote]'): {exc}") from exc
+    try:
+        tier = RemoteTierService(config, prefix)
+    except ValueError as exc:
+        raise StartupError(f"Can't use the shared tier: {exc}") from exc
+    log.info("Shared tier %s: write-%s, timeout %d ms, queue %s, ttl %s", tier.target, tier.write_mode,
+             config["remote-tier-timeout"], human_bytes(config["remote-tier-queue"]),
+             f"{config['remote-tier-ttl']} s" if config["remote-tier-ttl"] else "none")
+    return tier
+
+
 def build_server(config: Config, listeners: ListenerSet, stack: contextlib.ExitStack | contextlib.AsyncExitStack,
                  ) -> Server:
     """The services behind the listeners, in order, each one's closing pushed on ``stack``;
@@ -164,6 +183,10 @@ def build_server(config: Config, listeners: ListenerSet, stack: contextlib.ExitS
     if config["disk-tier-size"]:
         prefix.tier = open_disk_tier(config, prefix)
         stack.callback(prefix.tier.close)
+    if config["remote-tier"]:
+        remote = open_remote_tier(config, prefix)
+        stack.callback(remote.close)  # before the disk tier's: it restores the listeners it chained
+        prefix.tier = TierChain([prefix.tier, remote]) if prefix.tier is not None else remote
     persistence = Persistence(config, prefix)
     stack.callback(persistence.close)
     try:
