@@ -251,3 +251,15 @@ def test_random_chains_in_process_keep_the_store_consistent():
         except Exception as exc:  # noqa: BLE001 - only a full arena may refuse a write
             assert type(exc).__name__ in ("OutOfMemory", "NoPrefix"), exc
         assert store.check() == [], f"step {step}"
+
+
+def test_blocks_allocated_first_can_become_key_pages(daemon):
+    """PFXALLOC into a namespace that holds nothing yet, then PFXSET HASHES BLOCKS (a zero-copy writer's
+    first store): the lease alone does not make it a namespace of token pages."""
+    _, r = daemon
+    allocation = r.execute_command("PFXALLOC", "fresh", 2)
+    blocks = allocation[b"blocks"]
+    reply = r.execute_command("PFXSET", "fresh", "HASHES", 2, b"a", b"b", "BLOCKS", *blocks)
+    assert reply[b"stored"] == 2
+    r.execute_command("PFXRELEASE", allocation[b"lease"])
+    assert r.execute_command("PFXGET", "fresh", "HASHES", 2, b"a", b"b", "NOLEASE")[b"matched"] == 2

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 TOOLS = {"bench": "bench", "bench-latency": "bench_latency", "bench-store": "bench_store", "replay": "replay",
          "bench-hotpath": "bench_hotpath", "bench-attach": "bench_attach",
-         "gpu-check": "gpu_check", "demo": "demo", "bench-tier": "bench_tier"}
+         "gpu-check": "gpu_check", "demo": "demo", "bench-tier": "bench_tier",
+         "bench-sglang-backend": "bench_sglang_backend"}
 
 
 @pytest.mark.parametrize("script", sorted(TOOLS))

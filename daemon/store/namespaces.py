@@ -56,6 +56,14 @@ class Namespace:
         return sum(tree.pages - tree.unpinned for tree in self.trees.values())
 
     @property
+    def holds_pages(self) -> bool:
+        """Whether the namespace holds a page (its leases alone, a PFXALLOC's before the first commit, do not count)."""
+        for tree in self.trees.values():
+            if tree.pages:
+                return True
+        return False
+
+    @property
     def holds_anything(self) -> bool:
         """Whether the namespace holds a page or a lease (what makes it a key)."""
         if self.leases:

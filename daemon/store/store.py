@@ -222,7 +222,7 @@ class PrefixStore:
         if name in names.key_names:
             if keys:
                 return
-            if rec is not None and rec.holds_anything:
+            if rec is not None and rec.holds_pages:
                 raise BadRequest(f"namespace '{name.decode(errors='backslashreplace')}' holds key pages "
                                  f"(HASHES): it takes HASHES, not TOKENS or PACKED")
             names.key_names.discard(name)  # marked by a write that stored nothing: free again
@@ -232,7 +232,7 @@ class PrefixStore:
             return
         if not keys:
             return
-        if rec is not None and rec.holds_anything:
+        if rec is not None and rec.holds_pages:
             raise BadRequest(f"namespace '{name.decode(errors='backslashreplace')}' holds token pages: "
                              f"it takes TOKENS or PACKED, not HASHES")
         if writing:
