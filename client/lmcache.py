@@ -38,7 +38,8 @@ Rules:
   logged once, and after ``pfxcache_retry_seconds`` the next call reconnects.
 
 Theory of operation: one blocking :class:`~pfxcache.client.PrefixCache` (one
-connection: leases belong to it) behind a lock. LMCache calls the sync
+connection: leases belong to it), kept by an
+:class:`~pfxcache.client.engine_link.EngineLink` behind its lock. LMCache calls the sync
 methods from its lookup threads and awaits the async ones on its event loop;
 those run the same code in the loop's executor, so the loop never blocks on
 the socket. A lookup's lease is remembered per chunk (its block id); a get
@@ -56,13 +57,11 @@ import asyncio
 import functools
 import logging
 import struct
-import threading
 import time
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
-import redis
 
 from lmcache.utils import CacheEngineKey
 from lmcache.v1.memory_management import MemoryObj
@@ -70,7 +69,8 @@ from lmcache.v1.protocol import RemoteMetadata
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
 from .cache import PrefixCache
-from .errors import AttachError, CacheFullError, NoPrefixError, PrefixCacheError
+from .engine_link import EngineLink
+from .errors import NoPrefixError
 
 log = logging.getLogger("pfxcache.lmcache")
 
@@ -79,7 +79,6 @@ LEASE_MARGIN_S = 1.0  # a pin is read only this long before its lease could end
 MAX_LEASES = 1024  # lookups' leases held at once; past it the oldest end
 MAX_PARENTS = 1 << 16  # chunk -> parent links remembered for later batches
 WITHDATA_BYTES = 16 << 20  # the most chunk bytes one PFXGET ... WITHDATA brings
-_FAILURES = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 
 class _Lease:
@@ -108,24 +107,21 @@ class PrefixCacheConnector(RemoteConnector):
         self.loop = loop
         self.local_cpu_backend = local_cpu_backend
         option = _options(config)
-        self.url = url or option("pfxcache_url", DEFAULT_URL)
         self.base = option("pfxcache_namespace", "lmcache")
-        self.transfer = option("pfxcache_transfer", "auto")
-        if self.transfer not in ("auto", "arena", "resp"):
-            raise ValueError(f"pfxcache_transfer must be auto, arena or resp, not {self.transfer!r}")
-        self.retry_seconds = float(option("pfxcache_retry_seconds", 5.0))
-        self.timeout_seconds = float(option("pfxcache_timeout_seconds", getattr(config, "blocking_timeout_secs", 10)))
+        stats = {"lookups": 0, "hits": 0, "gets": 0, "stored": 0, "errors": 0, "reconnects": 0}
+        self.link = EngineLink(url or option("pfxcache_url", DEFAULT_URL), option("pfxcache_transfer", "auto"),
+                               self._block_bytes_problem, logger=log, engine="LMCache", role="connector", unit="chunks",
+                               retry_seconds=float(option("pfxcache_retry_seconds", 5.0)),
+                               timeout_seconds=float(option("pfxcache_timeout_seconds",
+                                                            getattr(config, "blocking_timeout_secs", 10))),
+                               stats=stats, on_drop=self._forget_all)
+        self.url, self.stats = self.link.url, self.link.stats
         self.lease_ttl_ms = int(option("pfxcache_lease_ttl_ms", 0)) or None  # None: the daemon's lease-ttl
         self.page_bytes = self.full_chunk_size_bytes + (self.remote_metadata_bytes if self.save_chunk_meta else 0)
-        self._lock = threading.RLock()
-        self._cache: PrefixCache | None = None
-        self._ttl_s = 0.0
-        self._retry_at = 0.0
-        self._seen: set[str] = set()  # causes already logged
+        self._lock = self.link.lock  # held through each command: the connection and the lease tables
         self._leases: OrderedDict[int, _Lease] = OrderedDict()
         self._pins: dict[tuple[str, bytes], tuple[_Lease, int]] = {}  # (namespace, key) -> lease, block
         self._parents: OrderedDict[tuple[str, bytes], bytes] = OrderedDict()
-        self.stats = {"lookups": 0, "hits": 0, "gets": 0, "stored": 0, "errors": 0, "reconnects": 0}
         with self._lock:
             self._connection()
 
@@ -160,59 +156,28 @@ class PrefixCacheConnector(RemoteConnector):
 
     # -- the connection --------------------------------------------------------------------------------
 
+    @property
+    def _cache(self) -> PrefixCache | None:
+        return self.link.cache
+
+    @property
+    def _ttl_s(self) -> float:
+        """How long a lookup's lease lasts, in seconds (this connector's lease TTL, else the daemon's)."""
+        return (self.lease_ttl_ms or self.link.info.lease_ttl_ms) / 1000
+
     def _warn(self, cause: str, message: str, *args: Any, level: int = logging.WARNING) -> None:
-        if cause not in self._seen:
-            self._seen.add(cause)
-            log.log(level, message, *args)
+        self.link.warn(cause, message, *args, level=level)
 
     def _connection(self) -> PrefixCache | None:
         """The cache, connecting first when there is none and the retry delay has passed."""
-        if self._cache is not None:
-            return self._cache
-        if time.monotonic() < self._retry_at:
-            return None
-        cache = None
-        try:
-            cache = PrefixCache.from_url(self.url, attach=False if self.transfer == "resp" else None,
-                                         socket_timeout=self.timeout_seconds,
-                                         socket_connect_timeout=self.timeout_seconds)
-            info = cache.info()
-            if info.block_bytes != self.page_bytes or info.page_size < 4:
-                cache.close()
-                self._retry_at = time.monotonic() + self.retry_seconds
-                self._warn(f"geometry:{info.page_size}:{info.block_bytes}", "pfxcache at %s has page-size %d and "
-                           "block-bytes %d; LMCache's chunks need --block-bytes %d (and --page-size of 4 or more): "
-                           "serving without it", self.url, info.page_size, info.block_bytes, self.page_bytes,
-                           level=logging.ERROR)
-                return None
-            if self.transfer != "resp":
-                try:
-                    arena = cache.attach()
-                    if getattr(arena, "backend", None) != "shm":
-                        raise AttachError(f"its arena is {arena.backend}, and LMCache's chunks are in host memory")
-                except AttachError as exc:
-                    if self.transfer == "arena":
-                        raise
-                    self._warn(f"attach:{exc}", "pfxcache: moving chunks over RESP: %s", exc, level=logging.INFO)
-        except _FAILURES as exc:
-            if cache is not None:
-                cache.close()
-            self._lost(exc)
-            return None
-        except (PrefixCacheError, AttachError) as exc:
-            if cache is not None:
-                cache.close()
-            self._retry_at = time.monotonic() + self.retry_seconds
-            self._warn(f"connect:{exc}", "pfxcache at %s refused the connector (%s: %s): serving without it",
-                       self.url, type(exc).__name__, exc, level=logging.ERROR)
-            return None
-        self._cache = cache
-        self._ttl_s = (self.lease_ttl_ms or info.lease_ttl_ms) / 1000
-        if "down" in self._seen:
-            self._seen.discard("down")
-            self.stats["reconnects"] += 1
-            log.warning("pfxcache: connected again to %s", self.url)
-        return cache
+        return self.link.connect()
+
+    def _block_bytes_problem(self, block_bytes: int) -> str | None:
+        """What is wrong with the daemon's block-bytes for LMCache's chunks (None: nothing)."""
+        if block_bytes != self.page_bytes:
+            return (f"pfxcache at {self.url} has block-bytes {block_bytes}, and LMCache's chunks need "
+                    f"--block-bytes {self.page_bytes}")
+        return None
 
     @property
     def via(self) -> str | None:
@@ -227,41 +192,14 @@ class PrefixCacheConnector(RemoteConnector):
         serves = getattr(arena, "serves", None)
         return arena if serves is None or serves(namespace, write) else None
 
-    def _lost(self, exc: BaseException) -> None:
-        """The daemon is gone or hung: drop the connection (its leases end with it), retry later."""
-        self.stats["errors"] += 1
-        self._warn("down", "pfxcache at %s is unreachable (%s: %s): LMCache goes on without it, retrying "
-                   "every %.0f s", self.url, type(exc).__name__, exc, self.retry_seconds)
-        if self._cache is not None:
-            try:  # its leases end with the connection (and their Matches, once closed, send nothing)
-                self._cache.close()
-            except Exception:
-                pass
-        self._cache = None
+    def _forget_all(self) -> None:
+        """The connection is closed: its leases, and so the pins, are gone."""
         self._leases.clear()
         self._pins.clear()
-        self._retry_at = time.monotonic() + self.retry_seconds
 
     def _guard(self, what: str, fn: Any, miss: Any) -> Any:
         """Run ``fn(cache)`` under the lock; ``miss`` when there is no daemon or anything fails."""
-        with self._lock:
-            cache = self._connection()
-            if cache is None:
-                return miss
-            try:
-                return fn(cache)
-            except _FAILURES as exc:
-                self._lost(exc)
-            except CacheFullError:
-                self._warn(f"{what}:oom", "pfxcache: %s skipped: the daemon's arena is full of pinned pages", what)
-            except PrefixCacheError as exc:
-                self.stats["errors"] += 1
-                self._warn(f"{what}:{exc}", "pfxcache: %s refused: %s (logged once)", what, exc)
-            except Exception as exc:  # never into LMCache: a bug here must cost misses, not requests
-                self.stats["errors"] += 1
-                self._warn(f"{what}:bug:{type(exc).__name__}", "pfxcache: %s failed (%s: %s)", what,
-                           type(exc).__name__, exc, level=logging.ERROR)
-            return miss
+        return self.link.guard(what, miss, fn, hold_lock=True)
 
     async def _off_loop(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args))
@@ -644,11 +582,7 @@ class PrefixCacheConnector(RemoteConnector):
                         self._cache.release(*matches)
                 except Exception:
                     pass  # closing the connection ends them anyway
-                self._cache.close()
-            self._cache = None
-            self._leases.clear()
-            self._pins.clear()
-            self._retry_at = float("inf")
+            self.link.close()
 
     async def close(self) -> None:
         await self._off_loop(self.close_sync)

@@ -34,8 +34,9 @@ Rules:
   ``False``, each cause logged once; after ``pfxcache_retry_seconds`` the next call reconnects.
 
 Theory of operation: one blocking :class:`~pfxcache.client.PrefixCache` (one connection: leases belong
-to it), shared by SGLang's prefetch, I/O and backup threads; each command holds the connection only
-for its round trip, and the copies run outside it.
+to it), kept by an :class:`~pfxcache.client.engine_link.EngineLink` and shared by SGLang's prefetch, I/O
+and backup threads; each command holds the connection only for its round trip, and the copies run
+outside it.
 """
 
 from __future__ import annotations
@@ -45,14 +46,12 @@ import ctypes
 import hashlib
 import logging
 import struct
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import redis
 import torch
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -61,14 +60,14 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 
 from .arena import ShmArenaView, kv_buffer, readable_bytes, writable_bytes
 from .cache import PrefixCache
-from .errors import AttachError, CacheFullError, NoPrefixError, PrefixCacheError
+from .engine_link import EngineLink
+from .errors import NoPrefixError
 
 log = logging.getLogger("pfxcache.sglang")
 
 DEFAULT_URL = "redis://127.0.0.1:6390/0"
 LEASE_MARGIN_S = 1.0  # a pin is read only this long before its lease could end
 MAX_PINS = 256  # batch_exists pins held at once; past it the oldest end
-_FAILURES = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 Sink = Callable[[int, np.ndarray], None]  # page i's bytes -> where SGLang wants them
 Source = Callable[[int, np.ndarray], None]  # page i's bytes <- from SGLang, into a block
@@ -242,12 +241,13 @@ class PrefixCacheStorage(HiCacheStorage):
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict | None = None) -> None:
         self.storage_config = storage_config
         extra = dict(storage_config.extra_config or {})
-        self.url = str(extra.get("pfxcache_url", DEFAULT_URL))
-        self.transfer = str(extra.get("pfxcache_transfer", "auto"))
-        if self.transfer not in ("auto", "arena", "resp"):
-            raise ValueError(f"pfxcache_transfer must be auto, arena or resp, not {self.transfer!r}")
-        self.retry_seconds = float(extra.get("pfxcache_retry_seconds", 5.0))
-        self.timeout_seconds = float(extra.get("pfxcache_timeout_seconds", 5.0))
+        stats = {"gets": 0, "pages_read": 0, "pages_stored": 0, "errors": 0, "reconnects": 0}
+        self.link = EngineLink(str(extra.get("pfxcache_url", DEFAULT_URL)), str(extra.get("pfxcache_transfer", "auto")),
+                               self._block_bytes_problem, logger=log, engine="SGLang", role="backend", unit="pages",
+                               retry_seconds=float(extra.get("pfxcache_retry_seconds", 5.0)),
+                               timeout_seconds=float(extra.get("pfxcache_timeout_seconds", 5.0)), stats=stats,
+                               on_drop=self._forget_pins, retry=Retry(NoBackoff(), 1))
+        self.url, self.stats = self.link.url, self.link.stats
         self.lease_ttl_ms = int(extra.get("pfxcache_lease_ttl_ms", 10_000))  # batch_exists pins; 0: none
         model = storage_config.model_name or "model"
         self.base_namespace = f"{extra.get('pfxcache_namespace', 'sglang')}:{model}:{shard_name(storage_config)}"
@@ -256,12 +256,7 @@ class PrefixCacheStorage(HiCacheStorage):
                                  not storage_config.is_mla_model or storage_config.tp_rank == 0)
         self.page_bytes: int | None = None  # one page of this rank, once the host pool is known
         self.host: _HostPages | None = None
-        self.stats = {"gets": 0, "pages_read": 0, "pages_stored": 0, "errors": 0, "reconnects": 0}
-        self._lock = threading.Lock()  # the connection and the pins (each command holds its own lock)
-        self._cache: PrefixCache | None = None
-        self._block_bytes = 0
-        self._retry_at = 0.0
-        self._seen: set[str] = set()  # causes already logged
+        self._lock = self.link.lock  # the connection and the pins (each command holds it for itself)
         self._pins: OrderedDict[str, _Pin] = OrderedDict()  # first key of a batch -> its pin
         self._connection()
 
@@ -277,15 +272,13 @@ class PrefixCacheStorage(HiCacheStorage):
         self.namespace = f"{self.base_namespace}:{getattr(mem_pool_host, 'layout', 'flat')}:{dtype}"
         self.host = _HostPages(mem_pool_host, self.page_bytes)
         with self._lock:
-            if self._cache is not None and self._block_bytes != self.page_bytes:
-                self._drop()
-                raise ValueError(self._geometry_problem(self._block_bytes, 4))
+            block_bytes = self._block_bytes
+            if self._cache is not None and block_bytes != self.page_bytes:
+                self.link.drop()
+                raise ValueError(self._block_bytes_problem(block_bytes))
 
-    def _geometry_problem(self, block_bytes: int, page_size: int) -> str | None:
-        """What is wrong with a daemon of this geometry for this rank (None: nothing)."""
-        if page_size < 4:
-            return (f"pfxcache at {self.url} has page-size {page_size}: page keys need --page-size 4 or more "
-                    "(a key page holds a 128-bit digest)")
+    def _block_bytes_problem(self, block_bytes: int) -> str | None:
+        """What is wrong with the daemon's block-bytes for this rank's pages (None: nothing, or no pool yet)."""
         if self.page_bytes is not None and block_bytes != self.page_bytes:
             return (f"pfxcache at {self.url} has block-bytes {block_bytes}, and one SGLang page of this rank is "
                     f"{self.page_bytes} bytes: start pfxcached with --block-bytes {self.page_bytes}")
@@ -293,97 +286,29 @@ class PrefixCacheStorage(HiCacheStorage):
 
     # -- the connection ---------------------------------------------------------------------------------
 
+    @property
+    def _cache(self) -> PrefixCache | None:
+        return self.link.cache
+
+    @property
+    def _block_bytes(self) -> int:
+        """The daemon's block-bytes (0 before the first connection)."""
+        return self.link.info.block_bytes if self.link.info is not None else 0
+
     def _warn(self, cause: str, message: str, *args: Any, level: int = logging.WARNING) -> None:
-        if cause not in self._seen:
-            self._seen.add(cause)
-            log.log(level, message, *args)
+        self.link.warn(cause, message, *args, level=level)
 
     def _connection(self) -> PrefixCache | None:
         """The cache, connecting first when there is none and the retry delay has passed."""
-        with self._lock:
-            if self._cache is not None or time.monotonic() < self._retry_at:
-                return self._cache
-            cache = None
-            try:
-                cache = PrefixCache.from_url(self.url, attach=False if self.transfer == "resp" else None,
-                                             socket_timeout=self.timeout_seconds,
-                                             socket_connect_timeout=self.timeout_seconds,
-                                             retry=Retry(NoBackoff(), 1))
-                info = cache.info()
-                problem = self._geometry_problem(info.block_bytes, info.page_size)
-                if problem is not None:
-                    cache.close()
-                    self._retry_at = time.monotonic() + self.retry_seconds
-                    self._warn(f"geometry:{info.page_size}:{info.block_bytes}", "%s; serving without it", problem,
-                               level=logging.ERROR)
-                    return None
-                if self.transfer != "resp":
-                    try:
-                        arena = cache.attach()
-                        if getattr(arena, "backend", None) != "shm":
-                            raise AttachError(f"its arena is {arena.backend}, and SGLang's pages are in host memory")
-                    except AttachError as exc:
-                        if self.transfer == "arena":
-                            raise
-                        self._warn(f"attach:{exc}", "pfxcache: moving pages over RESP: %s", exc, level=logging.INFO)
-            except _FAILURES as exc:
-                if cache is not None:
-                    cache.close()
-                self._lost(exc)
-                return None
-            except (PrefixCacheError, AttachError) as exc:
-                if cache is not None:
-                    cache.close()
-                self._retry_at = time.monotonic() + self.retry_seconds
-                self._warn(f"connect:{exc}", "pfxcache at %s refused the backend (%s: %s): serving without it",
-                           self.url, type(exc).__name__, exc, level=logging.ERROR)
-                return None
-            self._cache, self._block_bytes = cache, info.block_bytes
-            if "down" in self._seen:
-                self._seen.discard("down")
-                self.stats["reconnects"] += 1
-                log.warning("pfxcache: connected again to %s", self.url)
-            return cache
+        return self.link.connect()
 
-    def _drop(self) -> None:
-        """Close the connection (its leases end with it: the pins go too)."""
-        cache, self._cache = self._cache, None
-        if cache is not None:
-            try:
-                cache.close()
-            except Exception:
-                pass
-        self._pins.clear()  # after the close: a closed cache's dropped Matches send nothing
-
-    def _lost(self, exc: BaseException) -> None:
-        """The daemon is gone or hung: drop the connection, retry after the delay."""
-        self.stats["errors"] += 1
-        self._warn("down", "pfxcache at %s is unreachable (%s: %s): SGLang goes on without it, retrying every %.0f s",
-                   self.url, type(exc).__name__, exc, self.retry_seconds)
-        self._drop()
-        self._retry_at = time.monotonic() + self.retry_seconds
+    def _forget_pins(self) -> None:
+        """The connection is closed: its leases, and so the pins, are gone."""
+        self._pins.clear()
 
     def _guard(self, what: str, miss: Any, fn: Callable[[PrefixCache], Any]) -> Any:
         """``fn(cache)``, or ``miss`` when there is no daemon or anything fails (logged once per cause)."""
-        cache = self._connection()
-        if cache is None:
-            return miss
-        try:
-            return fn(cache)
-        except _FAILURES as exc:
-            with self._lock:
-                if self._cache is cache:
-                    self._lost(exc)
-        except CacheFullError:
-            self._warn(f"{what}:oom", "pfxcache: %s skipped: the daemon's arena is full of pinned pages", what)
-        except PrefixCacheError as exc:
-            self.stats["errors"] += 1
-            self._warn(f"{what}:{exc}", "pfxcache: %s refused: %s (logged once)", what, exc)
-        except Exception as exc:  # never into SGLang: a bug here must cost misses, not requests
-            self.stats["errors"] += 1
-            self._warn(f"{what}:bug:{type(exc).__name__}", "pfxcache: %s failed (%s: %s)", what,
-                       type(exc).__name__, exc, level=logging.ERROR)
-        return miss
+        return self.link.guard(what, miss, fn)  # each command holds the connection only for its round trip
 
     @staticmethod
     def _rows(cache: PrefixCache, blocks: list[int], write: bool = False) -> list[np.ndarray] | None:
@@ -623,6 +548,4 @@ class PrefixCacheStorage(HiCacheStorage):
 
     def close(self) -> None:
         """Close the connection (the daemon ends its leases)."""
-        with self._lock:
-            self._drop()
-            self._retry_at = float("inf")
+        self.link.close()

@@ -40,6 +40,11 @@ _NUMPY_FROM = 64
 _ID_DTYPES = {"I": np.uint32, "Q": np.uint64}
 
 
+#: Up to this many state bytes per id, ids are proven distinct by counting the state bytes of their span
+#: (two passes at memory speed) rather than by sorting them (n log n, and a copy).
+_SPAN_PER_ID = 32
+
+
 def _distinct_sorted(idx: np.ndarray, what: str) -> np.ndarray:
     """``idx`` sorted; RuntimeError when an id repeats (a store bug that would corrupt the free stack)."""
     ordered = np.sort(idx)
@@ -83,12 +88,15 @@ class BlockAllocator:
         """Bytes this allocator holds: the state array and the stack of returned ids."""
         return sys.getsizeof(self._state) + sys.getsizeof(self._returned)
 
-    def take(self, n: int, state: int = LEASED) -> list[int]:
-        """Take ``n`` free blocks (most recently returned first) into ``state``; the caller made sure they exist."""
+    def take(self, n: int, state: int = LEASED, *, packed: bool = False) -> list[int] | array:
+        """Take ``n`` free blocks (most recently returned first) into ``state``; the caller made sure they exist.
+
+        ``packed``: as an ``array('q')`` (what a tree node holds: 8 bytes a block, no int per block).
+        """
         if n > self.free_count:
             raise RuntimeError(f"allocator: {n} blocks requested, {self.free_count} free")
         if n <= 0:
-            return []
+            return array("q") if packed else []
         returned = self._returned
         reuse = min(n, len(returned))
         top = returned[len(returned) - reuse :]  # a copy (an array slice): the stack can shrink under it
@@ -101,11 +109,17 @@ class BlockAllocator:
             ids.reverse()
             ids += range(fresh_from, self._fresh)
             self._set_few(ids, n, state)
+            if packed:
+                ids = array("q", ids)
         else:
             idx = np.concatenate([np.frombuffer(top, _ID_DTYPES[top.typecode])[::-1],
                                   np.arange(fresh_from, self._fresh)]).astype(np.intp)
             self._set_many(idx, n, state, int(idx.min()), int(idx.max()))
-            ids = idx.tolist()
+            if packed:
+                ids = array("q")
+                ids.frombytes(idx.astype(np.int64, copy=False).view(np.uint8))
+            else:
+                ids = idx.tolist()
         self._counts[FREE] -= n
         self._counts[state] += n
         return ids
@@ -136,17 +150,19 @@ class BlockAllocator:
             states = np.frombuffer(self._state, np.uint8)[idx]
             if not states.all():
                 raise RuntimeError(f"allocator: block {int(idx[np.argmin(states)])} freed twice")
-            ordered = _distinct_sorted(idx, "release")
             leased = int(np.count_nonzero(states == LEASED))
-            self._set_many(idx, n, FREE, int(ordered[0]), int(ordered[-1]))
-            self._returned.frombytes(idx.astype(_ID_DTYPES[self._returned.typecode]).tobytes())
+            self._set_distinct(idx, states, n, FREE, "release")
+            self._returned.frombytes(idx.astype(_ID_DTYPES[self._returned.typecode]).view(np.uint8))  # in place
         counts = self._counts
         counts[TREE] -= n - leased
         counts[LEASED] -= leased
         counts[FREE] += n
 
-    def move(self, ids: list[int], src: int, dst: int) -> None:
-        """Change the state of held blocks (LEASED -> TREE when a write is committed)."""
+    def move(self, ids, src: int, dst: int) -> None:
+        """Change the state of held blocks (LEASED -> TREE when a write is committed).
+
+        ``ids``: a list, or an ``array('q')`` (which numpy reads in place).
+        """
         n = len(ids)
         if not n:
             return
@@ -167,8 +183,7 @@ class BlockAllocator:
                 bad = int(wrong[0])
                 raise RuntimeError(f"allocator: block {ids[bad]} is {STATE_NAMES[states[bad]]}, "
                                    f"expected {STATE_NAMES[src]}")
-            ordered = _distinct_sorted(idx, "move")
-            self._set_many(idx, n, dst, int(ordered[0]), int(ordered[-1]))
+            self._set_distinct(idx, states, n, dst, "move")
         self._counts[src] -= n
         self._counts[dst] += n
 
@@ -185,6 +200,32 @@ class BlockAllocator:
             st[lo : hi + 1] = bytes((state,)) * n
         else:
             deque(map(st.__setitem__, ids, repeat(state, n)), maxlen=0)
+
+    def _set_distinct(self, idx: np.ndarray, states: np.ndarray, n: int, state: int, what: str) -> None:
+        """Put the ``n`` ids ``idx``, whose current states are ``states`` (none of them ``state``), into
+        ``state``; RuntimeError, with every state as it was, when an id repeats (a store bug).
+
+        One ascending run is distinct by construction and set with one slice. Other dense ids (an
+        eviction's leaves) are proven distinct by counting:
+        n distinct ids turn exactly n bytes of their span into ``state``, repeated ones fewer. Sparse
+        ids are sorted instead.
+        """
+        lo, hi = int(idx.min()), int(idx.max())
+        span = hi - lo + 1
+        if span > _SPAN_PER_ID * n:
+            _distinct_sorted(idx, what)
+            self._set_many(idx, n, state, lo, hi)
+            return
+        window = np.frombuffer(self._state, np.uint8)[lo : hi + 1]
+        if span == n and (np.diff(idx) == 1).all():  # one ascending run (fresh blocks, a node's pages)
+            window[:] = state
+            return
+        before = span - np.count_nonzero(window != state) if state else span - np.count_nonzero(window)
+        window[idx - lo] = state
+        after = span - np.count_nonzero(window != state) if state else span - np.count_nonzero(window)
+        if after - before != n:
+            window[idx - lo] = states  # a repeated id had one state: this restores every byte
+            raise RuntimeError(f"allocator: duplicate ids in one {what}")
 
     def _set_many(self, idx: np.ndarray, n: int, state: int, lo: int, hi: int) -> None:
         """Put the ``n`` distinct ids ``idx``, lowest ``lo`` and highest ``hi``, into ``state``."""

@@ -17,6 +17,8 @@ import stat
 import time
 from collections.abc import Iterable, Sequence
 
+from array import array
+
 import numpy as np
 
 from .errors import BadRequest
@@ -57,7 +59,10 @@ class Arena:
         return self.block_bytes * self.nblocks
 
     def _index(self, ids: Iterable[int]) -> np.ndarray:
-        idx = np.asarray(ids if isinstance(ids, (list, tuple, np.ndarray)) else list(ids), dtype=np.int64)
+        if isinstance(ids, array) and ids.typecode == "q":  # the store's block ids: no int per page
+            idx = np.frombuffer(ids, dtype=np.int64) if len(ids) else np.empty(0, np.int64)
+        else:
+            idx = np.asarray(ids if isinstance(ids, (list, tuple, np.ndarray)) else list(ids), dtype=np.int64)
         if idx.ndim != 1:
             raise BadRequest("block ids must be a flat sequence")
         # numpy would wrap negative ids around silently: refuse them here.

@@ -38,6 +38,10 @@ EVICTION_CAUSES = ("pressure", "watermark", "command", "flush", "quota")
 DEMOTING_CAUSES = frozenset(("pressure", "watermark", "quota"))
 
 
+#: From this many pages on, an evicted leaf's blocks are released on their own (no copy into the batch).
+_RELEASED_ALONE = 1024
+
+
 class Evictor:
     """Evicts pages and counts what it evicted (see the module docstring).
 
@@ -99,14 +103,15 @@ class Evictor:
             node = node.parent
         return cost
 
-    def reserve(self, n: int, part=None) -> list[int]:
+    def reserve(self, n: int, part=None, *, packed: bool = False):
         """Evict just enough, then take n blocks into state LEASED (the caller checked ``fits``);
-        from ``part`` and with its own pages when there are partitions."""
+        from ``part`` and with its own pages when there are partitions. ``packed``: as an
+        ``array('q')`` (an insert's: they become a node's blocks), else a list."""
         alloc = self._alloc if part is None else part.alloc
         short = n - alloc.free_count
         if short > 0:
             self.evict(short, None, "pressure", part)
-        return alloc.take(n, LEASED)
+        return alloc.take(n, LEASED, packed=packed)
 
     # -- the two ways out -----------------------------------------------------------------------
 
@@ -147,7 +152,16 @@ class Evictor:
                 announce_trim(events, node, k)
             if demote is not None:
                 demote(tree.scope, node, k)
-            freed.extend(tree.trim(node, k))
+            pages = tree.trim(node, k)
+            if len(pages) >= _RELEASED_ALONE:
+                # A long leaf's array goes back as it is, after the short ones before it (the free
+                # stack's order is that of one release of them all), without copying it into ``freed``.
+                if freed:
+                    self._alloc.release(freed)
+                    freed = array("q")
+                self._alloc.release(pages)
+            else:
+                freed.extend(pages)
             owed += k
             evicted += k
             if not tree.pages:
@@ -157,7 +171,7 @@ class Evictor:
                 tree = rec = None  # they may be gone
         if owed:
             self._count_evicted(rec, owed)
-        self._alloc.release(freed)  # every evicted block in one call: runs and scatters, not pages
+        self._alloc.release(freed)  # the short leaves' blocks in one call: runs and scatters, not pages
         self.evictions += evicted
         self.evictions_by_cause[cause] += evicted
         return evicted

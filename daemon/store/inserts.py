@@ -72,7 +72,8 @@ class InsertPlan:
         self.npages = npages
         self.offset_pages = offset_pages
         self.start = start  # first page not cached at begin time
-        self.new_blocks: list[int] = []  # blocks for pages start..npages-1 (state LEASED)
+        # Blocks for pages start..npages-1 (state LEASED): an array('q') in DATA mode, a list in BLOCKS mode.
+        self.new_blocks: list[int] | array = []
         self.dup_blocks: list[int] = []  # BLOCKS mode: given blocks of pages already cached
         self.sources: list[int] | None = None  # BLOCKS mode: lease id of each given block, for abort
         self.done = False
@@ -241,7 +242,9 @@ class Inserts:
         if over:
             self._quotas.make_room(quota, name, over)
         if given is None:
-            plan.new_blocks = self._evictor.reserve(new, part)
+            # Packed ids: they become the new node's blocks as they are, with no int per page.
+            plan.new_blocks = self._evictor.reserve(new, part, packed=True)
+            plan.dup_blocks = array("q")  # of the same type, so the two can be added
         else:
             plan.sources = self._leases.hand_over(given)
             ids = [b for b, _ in given]
@@ -276,9 +279,11 @@ class Inserts:
                 self._alloc.release(plan.new_blocks[:dups])
             end = node
             if reached < plan.npages:
-                fresh = plan.new_blocks[dups:]
+                fresh = plan.new_blocks[dups:]  # a copy: the node's own array (BLOCKS mode: a list)
                 self._alloc.move(fresh, LEASED, TREE)
-                end = tree.add_leaf(node, plan.tokens[reached * P : plan.npages * P], array("q", fresh), now)
+                if type(fresh) is not array:
+                    fresh = array("q", fresh)
+                end = tree.add_leaf(node, plan.tokens[reached * P : plan.npages * P], fresh, now)
                 stored = len(fresh)
                 events = self._listeners.events
                 if events is not None:
@@ -306,7 +311,7 @@ class Inserts:
             self.inserts += 1
             self.stored += stored
         path = tree.path_blocks(end)
-        result = InsertResult(stored, plan.npages - plan.offset_pages - stored, path[plan.base:] if plan.base else path)
+        result = InsertResult(stored, plan.npages - plan.offset_pages - stored, path[plan.base:].tolist() if plan.base else path)
         if rec.deleted:  # DEL'd during the insert: nobody may see these pages
             self._evictor.sweep_deleted(rec)
         else:

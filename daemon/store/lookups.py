@@ -130,11 +130,11 @@ class Lookups:
                     # and re-enters it (with its new priority) when the lease ends.
                     tree.pin(node)
                 tree.touch(node, self._clock(), hit=True)
-                blocks = tree.path_blocks(node, cache=True)
+                blocks = tree.path_blocks(node)
                 if lease:  # the lease holds what it pins: the whole path, from the root
-                    lease_id = leases.take_read(owner, rec, deadline, node, list(blocks))
+                    lease_id = leases.take_read(owner, rec, deadline, node, blocks[:])  # a copy: the caller may change its own
                 if base:
-                    blocks = blocks[base:]
+                    blocks = blocks[base:].tolist()  # a run below the root: no whole nodes to reuse
         elif below is not None and npages and below(page_ident(namespace_ident(name), tokens[: self._page_bytes])):
             return None
         if npages:

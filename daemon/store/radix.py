@@ -38,18 +38,42 @@ class Totals:
         self.ticks = 0
 
 
-class BlockPath(list):
-    """The block ids of a path from the root, in page order: a plain list to its users.
+class BlockIds(array):
+    """Block ids as an ``array('q')``, 8 bytes a block and no Python int per block, that compares
+    equal to a list of the same ids (what the store returned before) and slices to its own type."""
+
+    __slots__ = ()
+
+    def __new__(cls, *args) -> BlockIds:
+        return super().__new__(cls, "q", *args)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, list):
+            return self.tolist() == other
+        return array.__eq__(self, other)
+
+    def __ne__(self, other) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = None
+
+    def __getitem__(self, index):
+        got = array.__getitem__(self, index)
+        return BlockIds(got) if type(got) is array else got
+
+
+class BlockPath(BlockIds):
+    """The block ids of a path from the root, in page order, joined from its nodes' arrays with
+    one copy per node.
 
     ``nodes`` are the path's nodes, root side first, whose blocks it concatenates:
     per-node work on the ids (the daemon's reply encoding) is then done once per
-    node and reused, instead of once per page and request.
+    node and reused, instead of once per page and request. A slice is a plain BlockIds.
     """
 
     __slots__ = ("nodes",)
 
     def __init__(self, *args) -> None:
-        super().__init__(*args)
         self.nodes: list = []
 
 
@@ -84,9 +108,8 @@ class Node:
         # The block ids as replies carry them, cached by the daemon (opaque bytes to the store),
         # so a hot path is encoded once, not per request; None whenever ``blocks`` changes.
         self.blocks_encoded: bytes | None = None
-        # The block ids as a list of ints, made by the first lookup through the node and cached
-        # like blocks_encoded: a hot path's ids are joined without making an int per page. Only
-        # lookups make it: a node nobody looks up (what eviction mostly takes) holds no ints.
+        # Unused: paths are joined from ``blocks`` (arrays) with one copy per node (BlockPath), so no
+        # node keeps a list of ints any more; the slot stays for the tools that size a node's fields.
         self.blocks_list: list[int] | None = None
         self.children: dict[bytes, Node] = {}  # first page of the child's key -> child
         self.lock_ref = 0  # leases/plans pinning this node or a descendant
@@ -212,10 +235,10 @@ class RadixTree:
         return node, pages
 
     @staticmethod
-    def path_blocks(node: Node, cache: bool = False) -> BlockPath:
+    def path_blocks(node: Node) -> BlockPath:
         """Block ids of every page from the root down to the end of ``node`` (with the path's nodes).
 
-        ``cache``: keep each node's ids as a list for the next call (lookups; see Node.blocks_list).
+        One copy of each node's array: the cost per page is a memcpy of 8 bytes.
         """
         nodes = []
         while node.parent is not None:
@@ -223,13 +246,12 @@ class RadixTree:
             node = node.parent
         nodes.reverse()
         out = BlockPath()
+        extend = out.extend
         for part in nodes:
-            ids = part.blocks_list
-            if ids is None:
-                ids = part.blocks
-                if cache:
-                    ids = part.blocks_list = list(ids)
-            out.extend(ids)
+            ids = part.blocks
+            if type(ids) is not array:  # a tree built outside the store (lists): converted per page
+                ids = array("q", ids)
+            extend(ids)
         out.nodes = nodes
         return out
 

@@ -41,6 +41,16 @@ lengths, then match / insert / evict 10 % are timed in both (median of
 its PyPI wheel, which scripts/setup sglang fetches into scripts/out/peers/ (never a dependency of
 pfxcache; it needs torch). --no-sglang skips it.
 
+Then long prompts against the same RadixCache (--long-pages, default 16 and
+1): the first --long-requests requests of the conversation trace
+(../shared/traces/conversation_trace.jsonl, ~13,000 tokens each, the turns of
+a conversation sharing their history) and synthetic agent sessions that are
+not derived from it (long system prompts, log-normal turns); each pass inserts
+every prompt, matches every prompt and evicts 10 % of the tokens, in two empty
+caches checked to agree on every insert and match length; seconds per pass,
+median of --repeat passes. Then the resident bytes each cache adds per cached
+page at --long-memory-pages pages. --no-long skips them.
+
     scripts/bench-store                       # 10^3 .. 10^6 pages, then vs SGLang
     scripts/bench-store --sizes 1000,100000   # fewer sizes
     scripts/bench-store --json                # machine-readable
@@ -267,6 +277,14 @@ def main() -> int:
                         help="tokens in the trees of the SGLang comparison (default 65536)")
     parser.add_argument("--sglang-prompt-tokens", type=int, default=512,
                         help="tokens per prompt in the SGLang comparison (default 512)")
+    parser.add_argument("--long-trace", default=str(LONG_TRACE),
+                        help="the long-prompt workload's trace (default ../shared/traces/conversation_trace.jsonl)")
+    parser.add_argument("--long-requests", type=int, default=3000,
+                        help="requests of --long-trace to replay (default 3000)")
+    parser.add_argument("--long-pages", default="16,1", help="page sizes of the long-prompt workloads (default 16,1)")
+    parser.add_argument("--long-memory-pages", type=int, default=10**6,
+                        help="cached pages at which bytes per page are measured (default 10^6; 0: skip)")
+    parser.add_argument("--no-long", action="store_true", help="skip the long-prompt workloads")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--no-plot", action="store_true", help="do not write scripts/out/bench-store.png")
     args = parser.parse_args()
@@ -284,6 +302,7 @@ def main() -> int:
             print(f"  {size:,} pages done", file=sys.stderr, flush=True)
     steps.close()
     versus, versus_source = ([], None) if args.no_sglang else versus_sglang(args)
+    long_rows, long_memory = ([], []) if args.no_sglang or args.no_long or not versus else long_prompts(args)
 
     ref = results[0]
     for row in results:
@@ -301,6 +320,7 @@ def main() -> int:
     if args.json:
         print(json.dumps({"command": command, "machine": figures_from, "settings": vars(args), "results": results,
                           "evict_target": verdict, "vs_sglang": versus, "vs_sglang_note": versus_source,
+                          "long_prompts": long_rows, "long_prompts_memory": long_memory,
                           "plot": str(plot_path) if plot_path else None}, indent=2))
         return 0
     print(f"$ {command}")
@@ -334,7 +354,17 @@ def main() -> int:
                     f"{op} {r[op + '_ratio']:.2f}x (goal >= {goal}x: {'met' if r[op + '_ratio'] >= goal else 'MISSED'})"
                     for op, goal in zip(("match", "insert", "evict"), goals))
                 print(f"target, page {r['page_size']}: {shown_goals}")
-    elif versus_source:
+    if long_rows:
+        print()
+        print("\n".join(store_vs_sglang.report_long(long_rows, long_memory)))
+        for r in long_rows:
+            goals = LONG_GOALS.get(r["page_size"])
+            if goals:
+                shown_goals = ", ".join(
+                    f"{op} {r[op + '_ratio']:.2f}x (goal >= {goal}x: {'met' if r[op + '_ratio'] >= goal else 'MISSED'})"
+                    for op, goal in zip(("match", "insert", "evict"), goals))
+                print(f"target, {r['workload']} page {r['page_size']}: {shown_goals}")
+    if not versus and versus_source:
         print(f"\nSGLang comparison skipped: {versus_source}")
     if plot_path:
         print(f"plot: {shown(plot_path)}")
@@ -343,6 +373,37 @@ def main() -> int:
 
 #: Issue 14's goals for the store core vs SGLang's RadixCache (speed ratios: match, insert, evict 10 %).
 SGLANG_GOALS = {16: (5, 2, 2), 1: (1, 1, 1)}
+
+
+#: Issue 45's goals on long prompts (speed ratios vs SGLang: match, insert, evict 10 %).
+LONG_GOALS = {16: (2, 2, 2), 1: (1, 1, 1)}
+LONG_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
+
+
+def long_prompts(args: argparse.Namespace) -> tuple[list[dict], list[dict]]:
+    """The long-prompt workloads against SGLang (store_vs_sglang.compare_long) and bytes per cached page:
+    the conversation trace (when present) and the synthetic agent sessions, at each of --long-pages."""
+    sglang = sglang_peer.load()
+    workloads = []
+    trace = Path(args.long_trace)
+    if trace.exists():
+        workloads.append(("conversation", store_vs_sglang.trace_prompts(trace, args.long_requests)))
+    else:
+        print(f"  {trace} not found: the conversation workload is skipped", file=sys.stderr)
+    workloads.append(("agents", store_vs_sglang.agent_prompts(args.seed)))
+    pages = [int(p) for p in args.long_pages.split(",") if p.strip()]
+    rows, memory = [], []
+    bar = progress_bar(len(pages) * len(workloads), "long prompts vs SGLang", "run")
+    for page in pages:
+        for name, prompts in workloads:
+            rows.append(store_vs_sglang.compare_long(sglang, prompts, page_size=page, repeat=args.repeat, name=name))
+            bar.update(1)
+    bar.close()
+    if args.long_memory_pages and trace.exists():
+        for page in pages:
+            memory.append(store_vs_sglang.bytes_per_page(trace, args.long_requests, page_size=page,
+                                                         pages=args.long_memory_pages))
+    return rows, memory
 
 
 def versus_sglang(args: argparse.Namespace) -> tuple[list[dict], str | None]:

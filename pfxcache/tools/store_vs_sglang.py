@@ -18,6 +18,10 @@ Both caches get the same requests, in the same order, at the same page size:
   ``RadixCache.evict``; the evicted prompts are stored again, untimed, before
   the next call. SGLang evicts whole leaves, so it may take a few more tokens.
 
+The long-prompt workloads (``compare_long``) are passes over whole prompt lists instead:
+insert-all, match-all, evict 10 %, each from two empty caches, every length checked;
+``bytes_per_page`` measures the resident memory each cache adds per cached page.
+
 The store runs as the daemon does (16 shards). Each figure is the median of
 ``--repeat`` runs; the ratios are SGLang's time over the store's (>1: the store
 is faster). Timed sections run with the cyclic garbage collector off (collected
@@ -31,6 +35,8 @@ from __future__ import annotations
 
 import gc
 import statistics
+import subprocess
+import sys
 import time
 from array import array
 from typing import Any
@@ -235,4 +241,213 @@ def report(rows: list[dict], source: str) -> list[str]:
         lines.append(f"  page {r['page_size']}: {r['prompts']:,} prompts built the trees; {r['queries']} queries "
                      f"matched {r['matched_tokens']:,} tokens in both; inserts add {r['inserted_new_tokens']} tokens; "
                      f"evict 10 %: store {ours:,} / SGLang {theirs:,} tokens")
+    return lines
+
+
+# -- long prompts ---------------------------------------------------------------------------------
+#
+# Multi-turn prompts of thousands of tokens, the turns of one conversation sharing their history:
+# every prompt is inserted (insert-all), then every prompt is matched (match-all, full hits), then one
+# call evicts a tenth of the cached tokens. Each pass starts from two empty caches; both caches must
+# agree on every insert's prefix length and every match length. Figures are seconds per pass.
+
+TRACE_BLOCK_TOKENS = 512  # the conversation trace's hash_ids name blocks of 512 tokens
+
+
+def trace_prompts(path, limit: int | None = None) -> list[np.ndarray]:
+    """Token-id prompts of a Mooncake-style trace (``input_length``, ``hash_ids``): block ``h`` is the
+    tokens ``h * 512 + 1 ..``, so requests naming the same blocks share those tokens."""
+    import json
+
+    prompts = []
+    offsets = np.arange(1, TRACE_BLOCK_TOKENS + 1, dtype=np.int64)
+    with open(path) as f:
+        for line in f:
+            if limit is not None and len(prompts) >= limit:
+                break
+            row = json.loads(line)
+            ids = np.asarray(row["hash_ids"], dtype=np.int64)
+            tokens = (ids[:, None] * TRACE_BLOCK_TOKENS + offsets[None, :]).reshape(-1)
+            prompts.append(tokens[: row["input_length"]])
+    return prompts
+
+
+def agent_prompts(seed: int, sessions: int = 160, turns: int = 12, system_prompts: int = 6) -> list[np.ndarray]:
+    """A synthetic long-prompt workload, independent of the trace: agent sessions that start from one of a
+    few long system prompts (2,000-8,000 tokens), each turn appending a tool result or a reply of a
+    log-normal length (median ~700 tokens, a long tail), sessions interleaved at random; a session's
+    turn ``t`` sends its whole history. Ids are random, so no two sessions share tokens past their system prompt."""
+    rng = np.random.default_rng(seed)
+    systems = [rng.integers(1, 2**31, size=int(rng.integers(2000, 8001)), dtype=np.int64)
+               for _ in range(system_prompts)]
+    histories = [systems[int(rng.integers(system_prompts))] for _ in range(sessions)]
+    left = [int(rng.integers(turns // 2, turns + 1)) for _ in range(sessions)]
+    prompts = []
+    live = list(range(sessions))
+    while live:
+        k = int(rng.integers(len(live)))
+        s = live[k]
+        step = max(1, int(rng.lognormal(np.log(700), 0.9)))
+        histories[s] = np.concatenate([histories[s], rng.integers(1, 2**31, size=step, dtype=np.int64)])
+        prompts.append(histories[s])
+        left[s] -= 1
+        if not left[s]:
+            live[k] = live[-1]
+            live.pop()
+    return prompts
+
+
+def _pass(sglang: Any, prompts: list[np.ndarray], page_size: int) -> dict:
+    """One pass: two empty caches, insert-all, match-all, evict 10 %; seconds of each, lengths checked."""
+    aligned = [p[: len(p) // page_size * page_size] for p in prompts]
+    aligned = [p for p in aligned if len(p)]
+    total_pages = sum(len(p) for p in aligned) // page_size
+    pair = Pair(sglang, page_size, total_pages + 64)
+    store, radix = pair.store, pair.radix
+    packed = [_packed(p) for p in aligned]
+    params = [pair.insert_args(p)[1] for p in aligned]
+    match_params = [sglang.MatchPrefixParams(key=pair.key(p)) for p in aligned]
+    out: dict = {}
+    with _NoGC():
+        start = time.process_time()
+        ours = [store.insert(NS, q) for q in packed]
+        out["insert_s"] = time.process_time() - start
+    with _NoGC():
+        start = time.process_time()
+        theirs = [radix.insert(p) for p in params]
+        out["sglang_insert_s"] = time.process_time() - start
+    for i, (r, t) in enumerate(zip(ours, theirs)):
+        if r.existing * page_size != t.prefix_len:
+            raise RuntimeError(f"insert {i}: prefix lengths differ: store {r.existing * page_size}, "
+                               f"SGLang {t.prefix_len} tokens")
+    size = pair.cached_tokens()
+    if size[0] != size[1]:
+        raise RuntimeError(f"the trees differ in size: store {size[0]}, SGLang {size[1]} tokens")
+    del ours, theirs
+    with _NoGC():
+        start = time.process_time()
+        ours = [store.match(NS, q, lease=False).matched_tokens for q in packed]
+        out["match_s"] = time.process_time() - start
+    with _NoGC():
+        start = time.process_time()
+        theirs = [radix.match_prefix(p).device_prefix_len for p in match_params]
+        out["sglang_match_s"] = time.process_time() - start
+    if ours != theirs:
+        i = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+        raise RuntimeError(f"match {i}: lengths differ: store {ours[i]}, SGLang {theirs[i]} tokens")
+    goal = size[0] // 10
+    with _NoGC():
+        start = time.process_time()
+        evicted = store.evict_pages(NS, goal // page_size).evicted
+        out["evict_s"] = time.process_time() - start
+    with _NoGC():
+        start = time.process_time()
+        theirs_out = radix.evict(sglang.EvictParams(num_tokens=goal)).num_tokens_evicted
+        out["sglang_evict_s"] = time.process_time() - start
+    out.update(prompts=len(aligned), tokens=size[0], matched_tokens=sum(ours),
+               evicted_tokens=(evicted * page_size, theirs_out))
+    store.arena.close()
+    return out
+
+
+def compare_long(sglang: Any, prompts: list[np.ndarray], *, page_size: int, repeat: int, name: str) -> dict:
+    """Median of ``repeat`` passes of the long-prompt workload ``prompts`` (seconds per pass)."""
+    runs = [_pass(sglang, prompts, page_size) for _ in range(repeat)]
+    row: dict = {"workload": name, "page_size": page_size, "repeat": repeat}
+    for k in ("prompts", "tokens", "matched_tokens", "evicted_tokens"):
+        row[k] = runs[0][k]
+    for op in ("match", "insert", "evict"):
+        for side in (f"{op}_s", f"sglang_{op}_s"):
+            row[side] = statistics.median(r[side] for r in runs)
+            row[side + "_runs"] = [r[side] for r in runs]
+        row[f"{op}_ratio"] = row[f"sglang_{op}_s"] / row[f"{op}_s"]
+    return row
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def bytes_per_page(trace, limit: int, *, page_size: int, pages: int = 10**6) -> dict:
+    """Resident bytes each cache adds per cached page, filled with the first ``limit`` prompts of ``trace``
+    (cycled, with fresh ids after the first round) until it holds ``pages`` pages. Each cache is built in a
+    fresh interpreter of its own (a fork of a process that ran torch may deadlock), so neither reuses memory
+    the other freed: its resident set growth over its page count."""
+    row: dict = {"page_size": page_size}
+    for side in ("store", "sglang"):
+        done = subprocess.run([sys.executable, "-c", "from pfxcache.tools.store_vs_sglang import _child; _child()",
+                               side, str(page_size), str(pages), str(trace), str(limit)],
+                              capture_output=True, text=True, check=False)
+        answer = done.stdout.split()
+        if done.returncode or len(answer) != 2:
+            raise RuntimeError(f"measuring {side}'s memory failed: {done.stderr.strip()[-500:]}")
+        cached, grown = int(answer[0]), int(answer[1])
+        row[f"{side}_pages"] = cached
+        row[f"{side}_bytes_per_page"] = grown / cached
+    return row
+
+
+def _child() -> None:
+    """bytes_per_page's child: ``side page_size pages trace limit`` -> prints ``cached grown``."""
+    from pfxcache.tools import sglang_peer
+
+    side, page_size, pages, trace, limit = sys.argv[1:6]
+    page_size, pages = int(page_size), int(pages)
+    prompts = trace_prompts(trace, int(limit))
+    aligned = [p[: len(p) // page_size * page_size] for p in prompts]
+    aligned = [p for p in aligned if len(p)]
+    del prompts
+    sglang = sglang_peer.load() if side == "sglang" else None
+    gc.collect()
+    cached, grown = _fill(sglang, side, aligned, page_size, pages)
+    print(cached, grown)
+
+
+def _fill(sglang: Any, side: str, aligned: list[np.ndarray], page_size: int, pages: int) -> tuple[int, int]:
+    """(pages cached, resident bytes grown) of one cache filled to ``pages`` pages."""
+    arena = MemoryArena(1, pages + 200_000) if side == "store" else None
+    before = _rss()
+    if side == "store":
+        cache = PrefixStore(arena, page_size=page_size, shards=16, policy="lru")
+    else:
+        cache, _ = sglang.new_cache(page_size)
+    held, i, shift, next_index = 0, 0, 0, 0
+    while held < pages * page_size:
+        p = aligned[i % len(aligned)] + shift
+        i += 1
+        if i % len(aligned) == 0:
+            shift += 1 << 26  # a new round: fresh tokens (the trace's ids stay below 2^26)
+        if side == "store":
+            held += store_insert(cache, p) * page_size
+        else:
+            values = sglang.torch.arange(next_index, next_index + len(p), dtype=sglang.torch.int64)
+            next_index += len(p)
+            r = cache.insert(sglang.InsertParams(key=sglang.RadixKey(array("q", p.tolist())), value=values))
+            held += len(p) - r.prefix_len
+    del p
+    gc.collect()
+    cached = cache.stats()["pages"] if side == "store" else cache.total_size() // page_size
+    return cached, _rss() - before
+
+
+def store_insert(store: PrefixStore, tokens: np.ndarray) -> int:
+    return store.insert(NS, (tokens & 0xFFFFFFFF).astype("<u4").tobytes()).stored
+
+
+def report_long(rows: list[dict], memory: list[dict]) -> list[str]:
+    lines = ["long prompts: insert-all / match-all / evict 10 %, seconds per pass (median of runs), store policy lru "
+             "16 shards vs SGLang 0.5.23 RadixCache; ratio = SGLang / store (>1: the store is faster)",
+             f"{'workload':>14}{'page':>5}{'prompts':>8}{'tokens':>12}{'match s':>9}{'sglang':>8}{'ratio':>7}"
+             f"{'insert s':>9}{'sglang':>8}{'ratio':>7}{'evict ms':>10}{'sglang':>8}{'ratio':>7}"]
+    lines.append("-" * len(lines[-1]))
+    for r in rows:
+        lines.append(f"{r['workload']:>14}{r['page_size']:>5}{r['prompts']:>8,}{r['tokens']:>12,}"
+                     f"{r['match_s']:>9.3f}{r['sglang_match_s']:>8.3f}{r['match_ratio']:>7.2f}"
+                     f"{r['insert_s']:>9.3f}{r['sglang_insert_s']:>8.3f}{r['insert_ratio']:>7.2f}"
+                     f"{r['evict_s'] * 1e3:>10.1f}{r['sglang_evict_s'] * 1e3:>8.1f}{r['evict_ratio']:>7.2f}")
+    for m in memory:
+        lines.append(f"  bytes per cached page at page {m['page_size']} ({m['store_pages']:,} pages): store "
+                     f"{m['store_bytes_per_page']:.1f}, SGLang {m['sglang_bytes_per_page']:.1f} "
+                     f"(resident set growth, each in its own process)")
     return lines
