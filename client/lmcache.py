@@ -25,7 +25,8 @@ Rules:
   of those chunks reads the pinned pages (straight from the mapped arena when
   the daemon is on this host), and ``batched_get`` ends the leases it read
   from. A lease no get consumes ends after its TTL (less a margin), or when
-  :data:`MAX_LEASES` newer ones are held. ``exists`` pins nothing (a hint).
+  :data:`~pfxcache.client.lmcache_pins.MAX_LEASES` newer ones are held
+  (``lmcache_pins.py`` keeps the leases and their pins). ``exists`` pins nothing (a hint).
 * **Chains.** A batch in prefix order is stored as one chain. LMCache stores
   a prompt's chunks in several batches (each skips what is already saved),
   so the connector remembers each chunk's parent from the chains it saw and
@@ -71,28 +72,13 @@ from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 from .cache import PrefixCache
 from .engine_link import EngineLink
 from .errors import NoPrefixError
+from .lmcache_pins import LookupPins
 
 log = logging.getLogger("pfxcache.lmcache")
 
 DEFAULT_URL = "redis://127.0.0.1:6390/0"
-LEASE_MARGIN_S = 1.0  # a pin is read only this long before its lease could end
-MAX_LEASES = 1024  # lookups' leases held at once; past it the oldest end
 MAX_PARENTS = 1 << 16  # chunk -> parent links remembered for later batches
 WITHDATA_BYTES = 16 << 20  # the most chunk bytes one PFXGET ... WITHDATA brings
-
-
-class _Lease:
-    """One lookup's lease: the Match holding it, the chunks it pins, and what gets have not read yet."""
-
-    __slots__ = ("held", "match", "namespace", "pages", "unread", "valid_until")
-
-    def __init__(self, match: Any, namespace: str, pages: list[bytes], valid_until: float) -> None:
-        self.match = match  # kept alive: a collected Match would end its lease behind our back
-        self.namespace = namespace
-        self.pages = pages
-        self.unread = set(pages)
-        self.held = len(pages)  # pins still pointing here (a newer lookup of a chunk takes its pin over)
-        self.valid_until = valid_until
 
 
 class PrefixCacheConnector(RemoteConnector):
@@ -119,8 +105,7 @@ class PrefixCacheConnector(RemoteConnector):
         self.lease_ttl_ms = int(option("pfxcache_lease_ttl_ms", 0)) or None  # None: the daemon's lease-ttl
         self.page_bytes = self.full_chunk_size_bytes + (self.remote_metadata_bytes if self.save_chunk_meta else 0)
         self._lock = self.link.lock  # held through each command: the connection and the lease tables
-        self._leases: OrderedDict[int, _Lease] = OrderedDict()
-        self._pins: dict[tuple[str, bytes], tuple[_Lease, int]] = {}  # (namespace, key) -> lease, block
+        self._pins = LookupPins(lambda: self._ttl_s)  # the lookups' leases: under self._lock
         self._parents: OrderedDict[tuple[str, bytes], bytes] = OrderedDict()
         with self._lock:
             self._connection()
@@ -194,7 +179,6 @@ class PrefixCacheConnector(RemoteConnector):
 
     def _forget_all(self) -> None:
         """The connection is closed: its leases, and so the pins, are gone."""
-        self._leases.clear()
         self._pins.clear()
 
     def _guard(self, what: str, fn: Any, miss: Any) -> Any:
@@ -206,75 +190,17 @@ class PrefixCacheConnector(RemoteConnector):
 
     # -- leases -----------------------------------------------------------------------------------------
 
-    def _pinned(self, namespace: str, page: bytes) -> tuple[_Lease, int] | None:
-        """The live lease and block pinning a chunk, or None."""
-        pin = self._pins.get((namespace, page))
-        if pin is None or time.monotonic() > pin[0].valid_until or pin[0].match.lease not in self._leases:
-            return None
-        return pin
-
-    def _forget(self, leases: Any) -> list[Any]:
-        """Take leases and their pins off the tables; their Matches, for one PFXRELEASE."""
-        matches = []
-        for lease in leases:
-            if self._leases.pop(lease.match.lease, None) is not None:
-                matches.append(lease.match)
-            for page in lease.pages:
-                if self._pins.get((lease.namespace, page), (None,))[0] is lease:
-                    del self._pins[(lease.namespace, page)]
-        return matches
-
-    def _stale(self) -> list[_Lease]:
-        """Leases to end now: past their time, read through, superseded by newer lookups, or past MAX_LEASES."""
-        now = time.monotonic()
-        old: list[_Lease] = []
-        keep: list[_Lease] = []
-        for lease in self._leases.values():
-            (keep if now <= lease.valid_until and lease.unread and lease.held else old).append(lease)
-        return old + keep[:max(0, len(keep) - MAX_LEASES)]
-
     def _pin(self, cache: PrefixCache, namespace: str, pages: list[bytes]) -> int:
         """One PFXGET HASHES under a lease: the leading run cached, pinned for the gets that follow."""
-        stale = self._forget(self._stale())
+        stale = self._pins.forget(self._pins.stale())
         if stale:
             cache.release(*stale)
         self._learn_chain(namespace, pages)
         sent = time.monotonic()
         match = cache.lookup_keys(namespace, pages, lease=True, ttl_ms=self.lease_ttl_ms, with_data=False)
-        hits = match.pages
-        if not match.lease:
-            return hits
-        lease = _Lease(match, namespace, pages[:hits], sent + self._ttl_s - LEASE_MARGIN_S)
-        self._leases[match.lease] = lease
-        for page, block in zip(lease.pages, match.blocks):
-            older = self._pins.get((namespace, page))
-            if older is not None:
-                older[0].held -= 1  # ended by the next lookup once no pin points to it
-            self._pins[(namespace, page)] = (lease, block)
-        return hits
-
-    def _settle(self, cache: PrefixCache, read_from: list[_Lease], others: list[_Lease], read: list[bytes],
-                finish: bool) -> bool:
-        """After reading ``read`` under ``read_from``: end those leases (``finish``, or nothing left unread),
-        else renew them; end ``others`` (apart: an expired one counts 0). False when a lease read from had
-        already ended: bytes copied from its blocks are not to be trusted."""
-        ending, renewing = [], []
-        for lease in read_from:
-            lease.unread.difference_update(read)
-            (ending if finish or not lease.unread else renewing).append(lease)
-        matches = self._forget(ending)
-        alive = not matches or cache.release(*matches) == len(matches)
-        for lease in renewing:
-            sent = time.monotonic()
-            if cache.renew(lease.match, self.lease_ttl_ms):
-                lease.valid_until = sent + self._ttl_s - LEASE_MARGIN_S
-            else:
-                alive = False
-                self._forget([lease])
-        rest = self._forget(others)
-        if rest:
-            cache.release(*rest)
-        return alive
+        if match.lease:
+            self._pins.record(match, namespace, pages[:match.pages], sent)
+        return match.pages
 
     # -- pages <-> memory objects ----------------------------------------------------------------------
 
@@ -341,15 +267,13 @@ class PrefixCacheConnector(RemoteConnector):
         read from end (``finish``) or, while they pin chunks not read yet, are renewed."""
         pins = []
         for page in pages:
-            pin = self._pinned(namespace, page)
+            pin = self._pins.pinned(namespace, page)
             if pin is None:
                 break
             pins.append(pin)
         read_from = list({id(lease): lease for lease, _block in pins}.values())
-        now = time.monotonic()
-        others = {id(pin[0]): pin[0] for pin in map(self._pins.get, ((namespace, page) for page in pages))
-                  if pin is not None and (finish or now > pin[0].valid_until)}
-        others.update((id(lease), lease) for lease in self._stale())  # stale ones end at the next get too
+        others = {id(lease): lease for lease in self._pins.leases_of(namespace, pages, expired_only=not finish)}
+        others.update((id(lease), lease) for lease in self._pins.stale())  # stale ones end at the next get too
         for lease in read_from:
             others.pop(id(lease), None)
         got: list[MemoryObj] = []
@@ -357,7 +281,7 @@ class PrefixCacheConnector(RemoteConnector):
             arena = self._arena(namespace)
             if arena is None:  # over RESP: the pins keep the chunks cached until this PFXGET has read them
                 got = self._fetch(cache, namespace, pages)
-                self._settle(cache, read_from, list(others.values()), pages[:len(got)], finish)
+                self._pins.settle(cache, read_from, list(others.values()), pages[:len(got)], finish, self.lease_ttl_ms)
                 return got
             complete = True
             for _lease, block in pins:
@@ -366,7 +290,7 @@ class PrefixCacheConnector(RemoteConnector):
                     complete = False
                     break
                 got.append(obj)
-            if not self._settle(cache, read_from, list(others.values()), pages[:len(got)], finish):
+            if not self._pins.settle(cache, read_from, list(others.values()), pages[:len(got)], finish, self.lease_ttl_ms):
                 self._free(got)  # a pin ended before the copy did: these bytes may be another page's
                 got = []
             if complete and len(got) < len(pages):
@@ -479,7 +403,7 @@ class PrefixCacheConnector(RemoteConnector):
         namespace, page = self._split(key)
 
         def run(cache: PrefixCache) -> bool:
-            if self._pinned(namespace, page) is not None:
+            if self._pins.pinned(namespace, page) is not None:
                 return True
             return cache.lookup_keys(namespace, [page], lease=False, with_data=False).pages == 1
 
@@ -577,7 +501,7 @@ class PrefixCacheConnector(RemoteConnector):
         with self._lock:
             if self._cache is not None:
                 try:
-                    matches = self._forget(list(self._leases.values()))
+                    matches = self._pins.forget_all()
                     if matches:
                         self._cache.release(*matches)
                 except Exception:

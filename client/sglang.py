@@ -41,8 +41,6 @@ outside it.
 
 from __future__ import annotations
 
-import bisect
-import ctypes
 import hashlib
 import logging
 import struct
@@ -62,6 +60,7 @@ from .arena import ShmArenaView, kv_buffer, readable_bytes, writable_bytes
 from .cache import PrefixCache
 from .engine_link import EngineLink
 from .errors import NoPrefixError
+from .sglang_host_pool import HostPages, Sink, Source
 
 log = logging.getLogger("pfxcache.sglang")
 
@@ -69,8 +68,6 @@ DEFAULT_URL = "redis://127.0.0.1:6390/0"
 LEASE_MARGIN_S = 1.0  # a pin is read only this long before its lease could end
 MAX_PINS = 256  # batch_exists pins held at once; past it the oldest end
 
-Sink = Callable[[int, np.ndarray], None]  # page i's bytes -> where SGLang wants them
-Source = Callable[[int, np.ndarray], None]  # page i's bytes <- from SGLang, into a block
 
 
 def page_keys(token_ids: Any, page_size: int, prior_hash: str | None = None) -> list[str]:
@@ -118,123 +115,6 @@ class _Pin:
         self.valid_until = valid_until
 
 
-class _HostPages:
-    """Where a storage page's bytes sit in SGLang's host pool, for the v1 calls.
-
-    ``get_page_buffer_meta`` gives each page's pieces (K and V for MHA ``page_first``, one per layer and
-    kind for ``layer_first``); their order in the flat data page is read once, from page 0's
-    addresses, and the copies then reach each piece through numpy views of the pool's own tensors.
-    A pool whose pieces do not tile its flat page goes through ``get_data_page`` /
-    ``set_from_flat_data_page`` instead.
-    """
-
-    def __init__(self, pool: Any, page_bytes: int) -> None:
-        self.pool = pool
-        self.page_size = int(pool.page_size)
-        self.plan = _piece_plan(pool, page_bytes)  # [(piece number, offset in page, bytes)] or None
-        self._regions = _regions(pool) if self.plan is not None else []
-        self._starts = [start for start, _, _ in self._regions]
-
-    def _view(self, address: int, size: int) -> np.ndarray:
-        at = bisect.bisect_right(self._starts, address) - 1
-        if at >= 0:
-            start, end, array = self._regions[at]
-            if address + size <= end:
-                return array[address - start:address - start + size]
-        return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
-
-    def pages(self, host_indices: Any, n: int) -> list[list[tuple[int, np.ndarray]]] | None:
-        """Per page: (offset in the page, the host memory it comes from / goes to); None: use flat pages."""
-        if self.plan is None:
-            return None
-        pointers, _ = self.pool.get_page_buffer_meta(host_indices)
-        per_page = len(pointers) // n
-        return [[(offset, self._view(pointers[i * per_page + j], size)) for j, offset, size in self.plan]
-                for i in range(n)]
-
-    def sink(self, host_indices: Any, n: int) -> Sink:
-        pages = self.pages(host_indices, n)
-        if pages is not None:
-            def into_pool(i: int, row: np.ndarray) -> None:
-                for offset, dest in pages[i]:
-                    np.copyto(dest, row[offset:offset + dest.size])
-            return into_pool
-        page = self.pool.get_dummy_flat_data_page()
-
-        def into_flat(i: int, row: np.ndarray) -> None:
-            np.copyto(writable_bytes(page), row)
-            self.pool.set_from_flat_data_page(int(host_indices[i * self.page_size]), page)
-        return into_flat
-
-    def source(self, host_indices: Any, n: int) -> Source:
-        pages = self.pages(host_indices, n)
-        if pages is not None:
-            def from_pool(i: int, row: np.ndarray) -> None:
-                for offset, src in pages[i]:
-                    np.copyto(row[offset:offset + src.size], src)
-            return from_pool
-
-        def from_flat(i: int, row: np.ndarray) -> None:
-            np.copyto(row, readable_bytes(self.pool.get_data_page(int(host_indices[i * self.page_size]), flat=True)))
-        return from_flat
-
-
-def _runs(view: torch.Tensor) -> list[tuple[int, int]]:
-    """(address, bytes) of the contiguous runs of a strided tensor, in its flattened order."""
-    if view.is_contiguous():
-        return [(view.data_ptr(), view.numel() * view.element_size())]
-    return [run for i in range(view.shape[0]) for run in _runs(view[i])]
-
-
-def _piece_plan(pool: Any, page_bytes: int) -> list[tuple[int, int, int]] | None:
-    """For each piece of a page (get_page_buffer_meta's order): its place in the flat page; None when
-    the pieces do not tile the flat page exactly."""
-    try:
-        pointers, sizes = pool.get_page_buffer_meta(torch.arange(int(pool.page_size), dtype=torch.int64))
-        runs = _runs(pool.get_data_page(0, flat=False))
-    except Exception:  # a pool without pieces (or not for index 0): its flat pages then
-        return None
-    if not pointers or not all(isinstance(p, int) for p in pointers):
-        return None
-    table, logical = [], 0
-    for address, size in runs:
-        table.append((address, size, logical))
-        logical += size
-    placed = []
-    for number, (address, size) in enumerate(zip(pointers, sizes)):
-        spot = next((off + address - run for run, length, off in table
-                     if run <= address and address + size <= run + length), None)
-        if spot is None:
-            return None
-        placed.append((spot, int(size), number))
-    placed.sort()
-    at = 0
-    for offset, size, _ in placed:
-        if offset != at:
-            return None
-        at += size
-    if at != page_bytes or logical != page_bytes:
-        return None
-    return [(number, offset, size) for offset, size, number in placed]
-
-
-def _regions(pool: Any) -> list[tuple[int, int, np.ndarray]]:
-    """(start, end, uint8 view) of the pool's host tensors, sorted, none inside another."""
-    found = []
-    for value in vars(pool).values():
-        for tensor in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu" and tensor.is_contiguous() \
-                    and tensor.numel():
-                size = tensor.numel() * tensor.element_size()
-                found.append((tensor.data_ptr(), size, tensor))
-    regions: list[tuple[int, int, np.ndarray]] = []
-    for start, size, tensor in sorted(found, key=lambda r: (r[0], -r[1])):
-        if regions and start + size <= regions[-1][1]:
-            continue  # a view inside a tensor already taken
-        regions.append((start, start + size, tensor.detach().reshape(-1).view(torch.uint8).numpy()))
-    return regions
-
-
 class PrefixCacheStorage(HiCacheStorage):
     """SGLang ``HiCacheStorage`` over a pfxcache daemon (see the module docstring)."""
 
@@ -255,7 +135,7 @@ class PrefixCacheStorage(HiCacheStorage):
         self.is_writer = getattr(storage_config, "is_storage_writer",
                                  not storage_config.is_mla_model or storage_config.tp_rank == 0)
         self.page_bytes: int | None = None  # one page of this rank, once the host pool is known
-        self.host: _HostPages | None = None
+        self.host: HostPages | None = None
         self._lock = self.link.lock  # the connection and the pins (each command holds it for itself)
         self._pins: OrderedDict[str, _Pin] = OrderedDict()  # first key of a batch -> its pin
         self._connection()
@@ -270,7 +150,7 @@ class PrefixCacheStorage(HiCacheStorage):
         self.page_bytes = page.numel() * page.element_size()
         dtype = str(getattr(mem_pool_host, "dtype", page.dtype)).replace("torch.", "")
         self.namespace = f"{self.base_namespace}:{getattr(mem_pool_host, 'layout', 'flat')}:{dtype}"
-        self.host = _HostPages(mem_pool_host, self.page_bytes)
+        self.host = HostPages(mem_pool_host, self.page_bytes)
         with self._lock:
             block_bytes = self._block_bytes
             if self._cache is not None and block_bytes != self.page_bytes:
@@ -530,7 +410,7 @@ class PrefixCacheStorage(HiCacheStorage):
             return [stored] * len(keys)
         return self._guard("batch_set_v1", [False] * len(keys), run)
 
-    def _host(self, what: str, keys: list[str], host_indices: Any) -> _HostPages | None:
+    def _host(self, what: str, keys: list[str], host_indices: Any) -> HostPages | None:
         host = self.host
         if host is None:
             self._warn(f"{what}:pool", "pfxcache: %s needs the host pool (register_mem_pool_host)", what,

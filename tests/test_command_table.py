@@ -32,6 +32,7 @@ EXPECTED_FILES = {
     "dbsize", "echo", "flushall", "flushdb", "hello", "info", "ping", "quit", "reset",
     "select", "shutdown", "time", "save", "bgsave", "lastsave",
     "pfxget", "pfxset", "pfxalloc", "pfxrelease", "pfxrenew", "pfxevict", "pfxinfo", "pfxcheck", "pfxattach",
+    "pfxtier", "pfxtier-drop", "pfxtier-flush", "pfxtier-info", "pfxtier-help",
     "acl", "acl-cat", "acl-deluser", "acl-getuser", "acl-help", "acl-list", "acl-setuser", "acl-users", "acl-whoami",
     # namespaces as keys
     "keys", "scan", "exists", "type", "del", "unlink", "touch", "randomkey", "rename", "renamenx",
@@ -50,16 +51,17 @@ EXPECTED_FILES = {
     "memory-stats", "memory-doctor", "memory-help", "memory-malloc-stats", "memory-purge",
     "client-pause", "client-unpause", "client-reply", "acl-log", "acl-dryrun", "acl-save", "acl-load",
 }
-#: Top-level commands: 57 of Redis's, 9 of ours.
-TOP_LEVEL = 69
+#: Top-level commands: 57 of Redis's, 10 of ours.
+TOP_LEVEL = 70
 #: Subcommands: CLIENT, CONFIG (5), COMMAND, ACL, ..., PUBSUB (6), then issue 17's CLIENT (3),
-#: ACL (4), MEMORY (5), SLOWLOG (4), LATENCY (5), as the rows in defs/ list them.
-SUBCOMMANDS = 6 + 2 + 5 + 7 + 8 + 5 + 1 + 6 + 3 + 4 + 5 + 4 + 5
+#: ACL (4), MEMORY (5), SLOWLOG (4), LATENCY (5), as the rows in defs/ list them; issue 44's PFXTIER (4).
+SUBCOMMANDS = 6 + 2 + 5 + 7 + 8 + 5 + 1 + 6 + 3 + 4 + 5 + 4 + 5 + 4
 
 #: Rows we ship that redis-server 7.0.15 does not have: both were added in 7.2.
 ONLY_OURS = {
     **{name: "pfxcache's own command" for name in ("pfxget", "pfxset", "pfxalloc", "pfxrelease", "pfxrenew", "pfxevict", "pfxinfo", "pfxcheck",
-                                                                "pfxattach")},
+                                                                "pfxattach", "pfxtier", "pfxtier|drop", "pfxtier|flush",
+                                                                "pfxtier|info", "pfxtier|help")},
 }
 
 
@@ -286,6 +288,8 @@ def test_command_handlers(table: CommandTable) -> None:
         "slowlog|get", "slowlog|len", "slowlog|reset",
         # persistence (issue 42)
         "save", "bgsave", "lastsave",
+        # the tiers (issue 44)
+        "pfxtier|drop", "pfxtier|flush", "pfxtier|info",
     }
     assert introspection.command_list_(ctx, [b"command", b"list", b"filterby", b"aclcat", b"@admin"]) == []
     assert introspection.command_list_(ctx, [b"command", b"list", b"filterby", b"module", b"x"]) == []

@@ -200,6 +200,7 @@ EXPECTED_DEFAULTS = {
     "remote-tier-timeout": 50,
     "remote-tier-queue": 64 * 1024**2,
     "remote-tier-ttl": 0,
+    "remote-tier-shutdown-flush": 2000,
     "remote-tier-write": "through",
     "appendonly": False,
     "daemonize": False,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import redis
 
@@ -126,6 +127,69 @@ def test_allocated_blocks_never_hold_another_tenants_evicted_bytes(tenants):
         a.execute_command("PFXSET", f"a:{i}", "TOKENS", 9, 9, 9, i, "BLOCKS", block)
         data = a.execute_command("PFXGET", f"a:{i}", "TOKENS", 9, 9, 9, i, "WITHDATA", "NOLEASE")[b"data"]
         assert data == b"\0" * 128, data
+
+
+def test_blocks_written_through_the_arena_never_reach_another_namespaces_writer(fresh_daemon):
+    """B's writer fills allocated blocks through the mapped arena and commits them; once they are evicted,
+    A's writer gets the same blocks zeroed, and so it does after B's bytes were copied into blocks A had
+    before. (A namespace's own next allocation may skip the memset: the blocks hold its own bytes.)"""
+    from pfxcache.client import PrefixCache
+
+    daemon = fresh_daemon("--page-size", "4", "--block-bytes", "128", "--maxmemory", str(128 * 8),
+                          "--evict-low-watermark", "0")
+    cache = PrefixCache(f"redis://{daemon.host}:{daemon.port}/0")
+    try:
+        cache.attach()
+        with cache.alloc("b", 8) as allocation:
+            cache.arena.write_from(allocation.blocks, np.frombuffer(b"SECRET!!" * 128, np.uint8))
+            cache.commit("b", list(range(32)), allocation.blocks)
+        written = sorted(allocation.blocks)
+        cache.evict("b", all=True)
+        with cache.alloc("a", 8) as allocation:
+            assert sorted(allocation.blocks) == written  # the very blocks B wrote
+            cache.commit("a", list(range(100, 132)), allocation.blocks)
+        assert cache.lookup("a", list(range(100, 132)), lease=False, with_data=True).data == bytes(128 * 8)
+        view = np.empty(128 * 8, np.uint8)
+        cache.arena.read_into(written, view)
+        assert not view.any()
+        cache.evict("a", all=True)
+        # B's bytes copied in by PFXSET DATA land in blocks last handed to A: A's next allocation zeroes them.
+        cache.store("b", list(range(200, 232)), b"SECRET!!" * 128)
+        cache.evict("b", all=True)
+        with cache.alloc("a", 8) as allocation:
+            assert sorted(allocation.blocks) == written
+            cache.arena.read_into(written, view)
+            assert not view.any()
+    finally:
+        cache.close()
+
+
+def test_block_owners_zero_unless_the_block_holds_the_same_namespaces_bytes():
+    from array import array
+
+    from pfxcache.daemon.store.block_owners import BlockOwners
+
+    owners = BlockOwners(16)
+    owners.forget(array("q", [1, 2]))  # before any allocation: nothing to do, no label array
+    assert owners.metadata_bytes == 0
+    assert owners.hand_to([0, 1, 2, 3], b"a").tolist() == [0, 1, 2, 3]  # unknown contents
+    assert owners.hand_to([0, 1, 4], b"a").tolist() == [4]  # 0 and 1 hold a's own bytes
+    assert owners.hand_to(array("q", [1, 4, 5]), b"b").tolist() == [1, 4, 5]
+    owners.forget(array("q", [4]))  # taken for a copy that may stop part way
+    assert owners.hand_to([0, 4, 5], b"b").tolist() == [0, 4]
+    assert owners.metadata_bytes == 32
+
+
+def test_block_owners_past_the_last_label_always_zero(monkeypatch):
+    from pfxcache.daemon.store import block_owners
+
+    monkeypatch.setattr(block_owners, "MAX_LABELS", 2)
+    owners = block_owners.BlockOwners(4)
+    for name in (b"a", b"b"):
+        owners.hand_to([0], name)
+    assert owners.hand_to([1], b"c").tolist() == [1]
+    assert owners.hand_to([1], b"c").tolist() == [1]  # no label of its own: zeroed every time
+    assert owners.hand_to([0], b"b").tolist() == []
 
 
 def test_arena_zero_clears_exactly_the_given_blocks_in_runs_or_scattered():

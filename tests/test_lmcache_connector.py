@@ -328,7 +328,7 @@ def test_a_pin_lost_with_its_connection_never_serves_another_pages_bytes(lab):
 
 
 def test_a_copy_made_after_its_lease_ended_is_thrown_away_and_read_again(lab, monkeypatch):
-    import pfxcache.client.lmcache as module
+    import pfxcache.client.lmcache_pins as module
 
     d = lab.daemon()
     # The connector trusts its pins 5 s longer than the daemon keeps the lease (a stalled worker).
@@ -466,7 +466,7 @@ def test_the_async_lookup_and_load_lmcache_uses_for_prefetch(lab):
 
 
 def test_leases_no_get_consumes_end_after_their_ttl_when_superseded_or_too_many(lab, monkeypatch):
-    import pfxcache.client.lmcache as module
+    import pfxcache.client.lmcache_pins as module
 
     d = lab.daemon()
     e = lab.engine(d, pfxcache_lease_ttl_ms=1050)  # readable for 50 ms (the lease's TTL less a 1 s margin)

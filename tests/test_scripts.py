@@ -14,6 +14,7 @@ SCRIPTS = ROOT / "scripts"
 TOOLS = {"bench": "bench", "bench-latency": "bench_latency", "bench-store": "bench_store", "replay": "replay",
          "bench-hotpath": "bench_hotpath", "bench-attach": "bench_attach",
          "gpu-check": "gpu_check", "demo": "demo", "bench-tier": "bench_tier",
+         "bench-remote-tier": "bench_remote_tier",
          "bench-sglang-backend": "bench_sglang_backend", "bench-lmcache": "bench_lmcache_connector"}
 
 

@@ -484,5 +484,25 @@ def test_the_benchmark_runs_and_checks_every_byte(capsys):
     assert bench_sglang_backend.main(argv) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["via"]["pfxcache"] == "shm" and doc["page_bytes"] == PAGE_BYTES
-    assert set(doc["results"]) == {"memcpy", "file set", "file get (disk)", "file get (cached)", "pfxcache set",
-                                   "pfxcache get", "pfxcache v1 set", "pfxcache v1 get", "v1-resp set", "v1-resp get"}
+    assert set(doc["results"]) == {"memcpy", "memcpy pieces", "file set", "file get (disk)", "file get (cached)",
+                                   "pfxcache set", "pfxcache get", "pfxcache v1 set", "pfxcache v1 get", "v1-resp set",
+                                   "v1-resp get"}
+
+
+
+def test_the_benchmark_gets_the_same_pages_from_mooncake_store_beside_ours(capsys):
+    """--mooncake: Mooncake Store's CPU build (master, holder, reader over TCP) fetches the same number of
+    pages of the same size; its reader checks every byte. Skipped where scripts/setup could not install it."""
+    from pfxcache.tools import bench_sglang_backend, mooncake_peer
+
+    try:
+        mooncake_peer.locate()
+    except mooncake_peer.PeerUnavailable as exc:
+        pytest.skip(str(exc))
+    argv = ["--layers", "2", "--heads", "2", "--head-dim", "8", "--page-size", "4", "--pages", "8",
+            "--rounds", "2", "--warmup", "0", "--quiet", "--json", "--mooncake"]
+    assert bench_sglang_backend.main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["results"]["mooncake get"]["ms"] > 0
+    assert "pfxcache v1 get / mooncake get" in doc["ratios"]
+    assert "pfxcache v1 get / mooncake get" not in doc["targets_met"]  # side by side: no target

@@ -426,6 +426,12 @@ DIRECTIVES: tuple[Directive, ...] = (
         "cluster's own maxmemory-policy evicts it.",
     ),
     Directive(
+        name="remote-tier-shutdown-flush", kind=Int(), default=2000, minimum=0, maximum=INT_MAX,
+        doc="Milliseconds a graceful shutdown (SHUTDOWN, SIGTERM) spends writing the shared tier's queue "
+        "out; what is left then is dropped and counted (the log says both). Also PFXTIER FLUSH's default "
+        "wait. 0: the queue is dropped. A kill -9 loses the queue whatever this says.",
+    ),
+    Directive(
         name="remote-tier-write", kind=Enum(("back", "through")), default="through", mutable=False,
         doc="When pages reach the shared tier: through (the default) as soon as PFXSET stores them, so "
         "every daemon of the fleet finds them at once, and when evicted if not written yet; back only "

@@ -235,6 +235,7 @@ class DaemonCollector:
         "errors": ("counter", "Failed calls to the shared tier."),
         "reconnects": ("counter", "Times the shared tier's clients were rebuilt."),
         "nodes": ("gauge", "Nodes of the shared tier's cluster the client knows."),
+        "dropped_keys": ("counter", "Keys PFXTIER DROP removed from the shared tier."),
     }
 
     def _tiers(self) -> Iterator[Any]:
@@ -254,6 +255,18 @@ class DaemonCollector:
             if f"tier_remote_{field}" in fields:
                 family = m.GaugeMetricFamily if kind == "gauge" else m.CounterMetricFamily
                 yield family(f"pfxcache_tier_remote_{field}", doc, fields[f"tier_remote_{field}"])
+        nodes = [dict(part.split("=", 1) for part in str(value).split(","))
+                 for name, value in fields.items() if name.startswith("tier_remote_node") and name[16:].isdigit()]
+        if nodes:  # a line per cluster node: host:port only, never a credential
+            up = m.GaugeMetricFamily("pfxcache_tier_remote_node_up", "1 when the shared tier's node answers.",
+                                     labels=["node", "role"])
+            errors = m.CounterMetricFamily("pfxcache_tier_remote_node_errors", "Failed calls to the node.",
+                                           labels=["node"])
+            for node in nodes:
+                up.add_metric([node["addr"], node["role"]], 1 if node["state"] == "up" else 0)
+                errors.add_metric([node["addr"]], int(node["errors"]))
+            yield up
+            yield errors
 
 
 def build_registry(server: ServerState) -> CollectorRegistry:

@@ -52,6 +52,7 @@ from pfxcache.daemon.commands import (
     prefix_commands,
     pubsub_commands,
     server_commands,
+    tier_commands,
     transaction_commands,
 )
 from pfxcache.daemon.commands.table import CommandTable
@@ -84,7 +85,8 @@ def build_command_table() -> CommandTable:
     """The command table with every handler module bound to its rows."""
     table = CommandTable.load()
     for module in (connection_commands, server_commands, introspection, prefix_commands, acl_commands,
-                   keyspace_commands, pubsub_commands, transaction_commands, observe_commands, attach_commands):
+                   keyspace_commands, pubsub_commands, transaction_commands, observe_commands, attach_commands,
+                   tier_commands):
         table.bind_module(module)
     return table
 

@@ -67,3 +67,10 @@ class TierChain:
     def __getattr__(self, name: str) -> Any:
         # What else callers read of the disk tier (tests, scripts: .catalog, .files): the first tier's.
         return getattr(self.tiers[0], name)
+
+
+def tiers_of(tier: Any) -> list[Any]:
+    """The tiers behind ``PrefixService.tier`` (None, one tier, or a chain), fastest first."""
+    if tier is None:
+        return []
+    return list(tier.tiers) if isinstance(tier, TierChain) else [tier]

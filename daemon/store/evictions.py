@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from .allocator import LEASED
 from .arguments import integer, namespace_name, packed_tokens
+from .block_ids import BlockRun
 from .errors import BadRequest, OutOfMemory
 from .events import announce_drop, announce_survivors, announce_trim
 from .results import EvictResult
@@ -127,7 +128,12 @@ class Evictor:
         events, touched = self._listeners.events, self._listeners.touched
         demote = self._listeners.demote if cause in DEMOTING_CAUSES else None
         evicted = 0
-        freed = array("q")  # the nodes' own arrays, joined at C speed: no Python int per page
+        # Freed blocks go back in the order they were evicted (the free stack's order is that of one
+        # release of them all): runs (BlockRun) collected into ``runs``, other short arrays joined at C
+        # speed into ``freed``; at most one of the two holds anything at a time.
+        release, release_runs = self._alloc.release, self._alloc.release_runs
+        runs: list = []
+        freed = array("q")
         tree = rec = None
         owed = 0  # pages evicted from rec's namespace not yet counted there
         while evicted < n:
@@ -136,9 +142,9 @@ class Evictor:
                 break
             # Trailing pages of one leaf in one go: the node keeps its priority while it shrinks,
             # so this is the same as evicting them one page at a time.
-            k = n - evicted
-            if k > len(node.blocks):
-                k = len(node.blocks)
+            k = len(node.blocks)
+            if k > n - evicted:
+                k = n - evicted
             if node.tree is not tree:
                 tree = node.tree
                 if rec is None or rec.name != tree.scope:
@@ -153,14 +159,23 @@ class Evictor:
             if demote is not None:
                 demote(tree.scope, node, k)
             pages = tree.trim(node, k)
-            if len(pages) >= _RELEASED_ALONE:
-                # A long leaf's array goes back as it is, after the short ones before it (the free
-                # stack's order is that of one release of them all), without copying it into ``freed``.
+            if type(pages) is BlockRun:  # one stack entry: collected, released in one call
                 if freed:
-                    self._alloc.release(freed)
+                    release(freed)
                     freed = array("q")
-                self._alloc.release(pages)
+                runs.append(pages)
+            elif len(pages) >= _RELEASED_ALONE:
+                # A long leaf's array goes back as it is, without copying it into ``freed``.
+                release_runs(runs)
+                runs = []
+                if freed:
+                    release(freed)
+                    freed = array("q")
+                release(pages)
             else:
+                if runs:
+                    release_runs(runs)
+                    runs = []
                 freed.extend(pages)
             owed += k
             evicted += k
@@ -171,7 +186,8 @@ class Evictor:
                 tree = rec = None  # they may be gone
         if owed:
             self._count_evicted(rec, owed)
-        self._alloc.release(freed)  # the short leaves' blocks in one call: runs and scatters, not pages
+        release_runs(runs)
+        release(freed)
         self.evictions += evicted
         self.evictions_by_cause[cause] += evicted
         return evicted

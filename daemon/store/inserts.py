@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from .allocator import LEASED, TREE
 from .arguments import integer, namespace_name, packed_tokens, page_span
+from .block_owners import BlockOwners
 from .errors import BadRequest, NoPrefix
 from .events import announce_stored
 from .results import AllocResult, InsertResult
@@ -164,6 +165,7 @@ class Inserts:
         self._quotas = quotas
         self._listeners = listeners
         self._arena = arena
+        self._owners = BlockOwners(partitions.nblocks)
         self._clock = clock
         self._shard_of = shard_of
         self._page_size = page_size
@@ -244,6 +246,7 @@ class Inserts:
         if given is None:
             # Packed ids: they become the new node's blocks as they are, with no int per page.
             plan.new_blocks = self._evictor.reserve(new, part, packed=True)
+            self._owners.forget(plan.new_blocks)
             plan.dup_blocks = array("q")  # of the same type, so the two can be added
         else:
             plan.sources = self._leases.hand_over(given)
@@ -281,7 +284,7 @@ class Inserts:
             if reached < plan.npages:
                 fresh = plan.new_blocks[dups:]  # a copy: the node's own array (BLOCKS mode: a list)
                 self._alloc.move(fresh, LEASED, TREE)
-                if type(fresh) is not array:
+                if not isinstance(fresh, array):
                     fresh = array("q", fresh)
                 end = tree.add_leaf(node, plan.tokens[reached * P : plan.npages * P], fresh, now)
                 stored = len(fresh)
@@ -310,8 +313,8 @@ class Inserts:
         if not plan.promotion:
             self.inserts += 1
             self.stored += stored
-        path = tree.path_blocks(end)
-        result = InsertResult(stored, plan.npages - plan.offset_pages - stored, path[plan.base:].tolist() if plan.base else path)
+        result = InsertResult(stored, plan.npages - plan.offset_pages - stored, path=tree.path_nodes(end),
+                              skip=plan.base)
         if rec.deleted:  # DEL'd during the insert: nobody may see these pages
             self._evictor.sweep_deleted(rec)
         else:
@@ -372,7 +375,7 @@ class Inserts:
             if not self._evictor.fits(n, 0, part):
                 raise self._evictor.refuse(n, part)
         blocks = self._evictor.reserve(n, part)  # first: its evictions may retire this namespace if it is empty
-        # The writer may commit blocks it never wrote: they must not show their last owner's bytes.
-        self._arena.zero(blocks)
+        # The writer may commit blocks it never wrote: they must not show another namespace's bytes.
+        self._arena.zero(self._owners.hand_to(blocks, name))
         lease = leases.take_alloc(owner, self._keys.open(name), deadline, blocks)
         return AllocResult(lease.id, blocks)

@@ -27,6 +27,7 @@ from math import gcd
 import numpy as np
 
 from .allocator import STATE_NAMES, TREE, BlockAllocator
+from .block_ids import BlockRun
 from .errors import BadRequest
 from .policies import EvictionIndex
 from .radix import Totals
@@ -168,7 +169,9 @@ class PartitionedAllocator:
         if not ids:
             return ()
         part = self.part_of(ids[0])
-        if len(ids) < 64:
+        if type(ids) is BlockRun:  # its runs' ends bound it
+            lo, hi = ids.bounds()
+        elif len(ids) < 64:
             lo, hi = min(ids), max(ids)
         else:
             idx = np.asarray(ids, np.int64)
@@ -183,6 +186,10 @@ class PartitionedAllocator:
     def release(self, ids: list[int]) -> None:
         for alloc, group in self._split(ids):
             alloc.release(group)
+
+    def release_runs(self, runs: list[BlockRun]) -> None:
+        for run in runs:  # a run is taken from one partition: its own allocator frees it
+            self.part_of(run[0]).alloc.release(run)
 
     def move(self, ids: list[int], src: int, dst: int) -> None:
         for alloc, group in self._split(ids):

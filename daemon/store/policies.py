@@ -134,9 +134,19 @@ class HeapPolicy(Policy):
         return heap[0] if heap else None
 
     def peek(self, now: float):
-        """The node to evict next, or None; the node stays indexed."""
-        entry = self._top()
-        return entry[-1] if entry is not None else None
+        """The node to evict next, or None; the node stays indexed (``_top``'s loops, inline: once per victim)."""
+        heap, run = self._heap, self._run
+        while heap:
+            entry = heap[0]
+            if entry[-2] == entry[-1].version:
+                break
+            heapq.heappop(heap)
+        while run:
+            entry = run[0]
+            if entry[-2] == entry[-1].version:
+                return heap[0][-1] if heap and heap[0] < entry else entry[-1]
+            run.popleft()
+        return heap[0][-1] if heap else None
 
     def _entries(self) -> list:
         return [e for part in (self._heap, self._run) for e in part if e[-2] == e[-1].version]
@@ -166,6 +176,18 @@ class LRUPolicy(HeapPolicy):
     @staticmethod
     def key(node) -> tuple:
         return (node.last_access,)
+
+    def push(self, node, uncovered: bool = False) -> None:
+        """HeapPolicy.push with its key and ``_enqueue`` inline (once per access and eviction)."""
+        entry = (node.last_access, next(self._seq), node.version, node)
+        run = self._run
+        if not run or entry > run[-1]:
+            run.append(entry)
+            self._heaped = None
+        else:
+            heapq.heappush(self._heap, entry)
+            self._heaped = entry
+        self.live += 1
 
 
 class LFUPolicy(HeapPolicy):
@@ -309,7 +331,8 @@ class EvictionIndex:
         self.looked_up = self.all.looked_up if observes else _ignore
         self.stored = self.all.stored if observes else _ignore
         self.released = self.all.released if observes else _ignore
-        self.evicted = self.all.evicted  # pages of a node are being evicted: its tail, or ``whole`` it
+        # Pages of a node are being evicted: its tail, or ``whole`` it (None: the policy learns nothing from it).
+        self.evicted = None if type(self.all).evicted is Policy.evicted else self.all.evicted
         self.split = self.all.split  # the tree cut an edge: the policy sets the upper part's state
         self.trimmed = self.all.trimmed  # a node kept its first pages
 

@@ -3,8 +3,10 @@
 Tokens are packed little-endian uint32 bytes; a page is ``page_bytes`` of them
 and only whole pages are cached. Every edge holds a run of whole pages (its
 ``key``) and one arena block id per page (``blocks``: in the store an
-``array('q')``, 8 bytes a page and no Python int per page, so evicting a node
-hands its ids to the allocator as one buffer, never converting them). Children are found by
+``array('q')``, 8 bytes a page and no Python int per page, usually a BlockRun
+that knows the runs of ids it is made of, so evicting a node hands the
+allocator its runs, never its ids one by one). A node's blocks are never
+changed in place, only replaced (path_nodes relies on it). Children are found by
 the bytes of their first page, so a lookup costs one dict probe and one
 C-level bytes comparison per edge: match cost grows with the prompt, never
 with the number of cached pages.
@@ -23,6 +25,11 @@ from __future__ import annotations
 
 from array import array
 
+from .block_ids import BlockIds, BlockRun
+
+#: What an evicted node whose blocks were a run holds: a run never grows, so one empty one serves all.
+_NO_BLOCKS = BlockRun()
+
 
 class Totals:
     """Page counters shared by all trees (the store's global view)."""
@@ -36,30 +43,6 @@ class Totals:
         # ticks, not seconds, so a replay in process and one through the daemon
         # see the same gaps.
         self.ticks = 0
-
-
-class BlockIds(array):
-    """Block ids as an ``array('q')``, 8 bytes a block and no Python int per block, that compares
-    equal to a list of the same ids (what the store returned before) and slices to its own type."""
-
-    __slots__ = ()
-
-    def __new__(cls, *args) -> BlockIds:
-        return super().__new__(cls, "q", *args)
-
-    def __eq__(self, other) -> bool:
-        if isinstance(other, list):
-            return self.tolist() == other
-        return array.__eq__(self, other)
-
-    def __ne__(self, other) -> bool:
-        return not self.__eq__(other)
-
-    __hash__ = None
-
-    def __getitem__(self, index):
-        got = array.__getitem__(self, index)
-        return BlockIds(got) if type(got) is array else got
 
 
 class BlockPath(BlockIds):
@@ -108,8 +91,9 @@ class Node:
         # The block ids as replies carry them, cached by the daemon (opaque bytes to the store),
         # so a hot path is encoded once, not per request; None whenever ``blocks`` changes.
         self.blocks_encoded: bytes | None = None
-        # Unused: paths are joined from ``blocks`` (arrays) with one copy per node (BlockPath), so no
-        # node keeps a list of ints any more; the slot stays for the tools that size a node's fields.
+        # Unused (always None): paths are joined from ``blocks`` (arrays) with one copy per node
+        # (BlockPath), so no node keeps a list of ints any more; the slot stays for the tools that
+        # size a node's fields.
         self.blocks_list: list[int] | None = None
         self.children: dict[bytes, Node] = {}  # first page of the child's key -> child
         self.lock_ref = 0  # leases/plans pinning this node or a descendant
@@ -219,7 +203,7 @@ class RadixTree:
                     keys[child.key[pos : pos + P]] = top
         child.key = child.key[cut:]
         child.blocks = child.blocks[m:]
-        child.blocks_encoded = child.blocks_list = None
+        child.blocks_encoded = None
         child.parent = top
         top.children[child.key[:P]] = child
         self.nodes += 1
@@ -249,11 +233,26 @@ class RadixTree:
         extend = out.extend
         for part in nodes:
             ids = part.blocks
-            if type(ids) is not array:  # a tree built outside the store (lists): converted per page
+            if not isinstance(ids, array):  # a tree built outside the store (lists): converted per page
                 ids = array("q", ids)
             extend(ids)
         out.nodes = nodes
         return out
+
+    @staticmethod
+    def path_nodes(node: Node) -> tuple[list[Node], list]:
+        """The nodes from the root down to ``node`` (root side first) and their blocks as they are now.
+
+        A node's blocks are never changed in place, only replaced (a split or trim gives it a new
+        array), so joining those arrays later gives the path's ids as they were at this call: an
+        insert's result joins them only if its ``blocks`` are read.
+        """
+        nodes = []
+        while node.parent is not None:
+            nodes.append(node)
+            node = node.parent
+        nodes.reverse()
+        return nodes, [part.blocks for part in nodes]
 
     @staticmethod
     def depth_pages(node: Node) -> int:
@@ -334,14 +333,16 @@ class RadixTree:
 
         Removing a whole leaf may turn its parent into an unpinned leaf.
         """
-        n = len(node.blocks)
+        freed = node.blocks
+        n = len(freed)
         if self.keys is not None:
             self._unindex(node, n - k, n)
         if k < n:
-            self.index.evicted(node, whole=False)
-            freed = node.blocks[n - k :]
-            del node.blocks[n - k :]
-            node.blocks_encoded = node.blocks_list = None
+            if self.index.evicted is not None:
+                self.index.evicted(node, whole=False)
+            node.blocks = freed[: n - k]  # replaced, never changed in place (see path_nodes)
+            freed = freed[n - k :]
+            node.blocks_encoded = None
             node.key = node.key[: (n - k) * self.page_bytes]
             if node.page_hashes is not None:  # the kept pages keep their hashes
                 node.page_hashes = node.page_hashes[: (n - k) * 8]
@@ -350,16 +351,16 @@ class RadixTree:
             self.index.trimmed(node, n - k)
             self._count(-k, -k)
             return freed  # same priority, still a leaf: its index entries stay valid
-        freed = node.blocks
         index = self.index
-        index.evicted(node, whole=True)
+        if index.evicted is not None:
+            index.evicted(node, whole=True)
         index.remove(node)
         parent = node.parent
         children = parent.children
         del children[node.key[: self.page_bytes]]
         node.parent = None
-        node.blocks = freed[:0]
-        node.blocks_encoded = node.blocks_list = None
+        node.blocks = _NO_BLOCKS if type(freed) is BlockRun else freed[:0]
+        node.blocks_encoded = None
         # Stale entries in the policy's orders hold the node until they are dropped or compacted
         # away (five orders under guard): without its pages' bytes, hashes and policy data it is ~300 bytes.
         node.key = b""
@@ -370,7 +371,7 @@ class RadixTree:
         totals = self.totals
         totals.pages -= n
         totals.unpinned -= n
-        if not children and parent.lock_ref == 0 and parent.parent is not None:
+        if not children and not parent.lock_ref and parent.parent is not None:
             index.add(parent, uncovered=True)
         return freed
 

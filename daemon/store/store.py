@@ -210,6 +210,10 @@ class PrefixStore:
 
     # -- writes ---------------------------------------------------------------------------------
 
+    def holds_keys(self, ns) -> bool:
+        """Whether namespace ``ns`` is a namespace of key pages (HASHES, page_keys.py) here."""
+        return namespace_name(ns) in self._names.key_names
+
     def use_keys(self, ns, keys: bool, *, writing: bool = False) -> None:
         """Check that a request's kind of pages (key pages: ``keys``) is the namespace's; BadRequest
         if not. A write of key pages into a namespace that holds nothing makes it a key namespace

@@ -19,13 +19,19 @@ Rules:
   geometry) is a miss, never an exception: the shared tier is written by other processes.
 * The namespace is in the key's ident *and* in the header, compared byte for byte: a tenant's
   pages are reachable only through its own namespace, whoever wrote them.
+* **Key pages** (HASHES, store/page_keys.py) stand for their whole prefix by themselves, so their
+  ident does not chain: :func:`key_page_ident` is the ident the page would have as the first page
+  of its namespace, and its parent is the namespace's seed. A run of key pages can then be found
+  from any of its keys, as a daemon's own store finds it. The header's flags say which kind a
+  value is (``KEY_PAGE``); :func:`is_key_page` reads it once the value verified, and a reader
+  that expects one kind treats the other as a value that does not verify.
 * Little-endian. The payload checksum is CRC-32C (the ``crc32c`` package) when importable, else
   zlib's CRC-32; the header names which, and a value whose algorithm this process cannot compute
   never verifies.
 
 Layout (sizes in bytes)::
 
-    header  "PFXRV001" 8 | version u16 | algorithm u8 | 0 u8 | namespace length u16 | 0 u16
+    header  "PFXRV001" 8 | version u16 | algorithm u8 | flags u8 | namespace length u16 | 0 u16
             | fingerprint 16 | ident 16 | parent 16 | payload length u64 | payload checksum u32
             | header crc32 u32 (zlib, of every header byte before it)
     then    namespace (namespace length bytes), payload (payload length bytes)
@@ -37,6 +43,7 @@ import struct
 import zlib
 from hashlib import blake2b
 
+from pfxcache.daemon.store.idents import namespace_ident, page_ident
 from pfxcache.daemon.tier.format import CRC32C, PREFERRED_ALGORITHM, ZLIB_CRC32, checksum_function
 
 MAGIC = b"PFXRV001"
@@ -44,13 +51,15 @@ VERSION = 1
 KEY_PREFIX = b"pfx:v1:"
 IDENT_BYTES = 16
 MAX_NAMESPACE = 65535
+#: Header flag: the value is a key page (HASHES), whose ident is :func:`key_page_ident`.
+KEY_PAGE = 1
 
 _HEADER = struct.Struct("<8sHBBHH16s16s16sQI")
 _CRC = struct.Struct("<I")
 HEADER_BYTES = _HEADER.size + _CRC.size
 
-__all__ = ["CRC32C", "HEADER_BYTES", "KEY_PREFIX", "ZLIB_CRC32", "encode", "key_of", "namespace_pattern",
-           "namespace_tag", "verify"]
+__all__ = ["CRC32C", "HEADER_BYTES", "KEY_PAGE", "KEY_PREFIX", "ZLIB_CRC32", "encode", "is_key_page", "key_of",
+           "key_page_ident", "namespace_pattern", "namespace_tag", "verify"]
 
 
 def namespace_tag(namespace: bytes) -> bytes:
@@ -68,15 +77,22 @@ def namespace_pattern(namespace: bytes) -> bytes:
     return KEY_PREFIX + namespace_tag(namespace) + b":*"
 
 
+def key_page_ident(namespace: bytes, page: bytes) -> bytes:
+    """The ident of a key page (one page of packed key digest) in the shared tier: the one it would
+    have as its namespace's first page, wherever it sits in a run. Its parent is the namespace's seed."""
+    return page_ident(namespace_ident(namespace), page)
+
+
 def encode(namespace: bytes, ident: bytes, parent: bytes, fingerprint: bytes, payload: bytes | memoryview,
-           *, algorithm: int = PREFERRED_ALGORITHM) -> bytes:
-    """The value of one page: header, namespace, payload (one copy of the payload)."""
+           *, algorithm: int = PREFERRED_ALGORITHM, flags: int = 0) -> bytes:
+    """The value of one page: header, namespace, payload (one copy of the payload); ``flags``
+    ``KEY_PAGE`` for a key page."""
     if len(namespace) > MAX_NAMESPACE:
         raise ValueError(f"a namespace of {len(namespace)} bytes is longer than {MAX_NAMESPACE}")
     compute = checksum_function(algorithm)
     if compute is None:
         raise ValueError(f"checksum algorithm {algorithm} is not available")
-    head = _HEADER.pack(MAGIC, VERSION, algorithm, 0, len(namespace), 0, fingerprint, ident, parent,
+    head = _HEADER.pack(MAGIC, VERSION, algorithm, flags, len(namespace), 0, fingerprint, ident, parent,
                         len(payload), compute(payload) & 0xFFFFFFFF)
     return b"".join((head, _CRC.pack(zlib.crc32(head)), namespace, payload))
 
@@ -105,3 +121,8 @@ def verify(value: bytes | None, namespace: bytes, ident: bytes, parent: bytes, f
     if compute(payload) & 0xFFFFFFFF != checksum:
         return None
     return payload
+
+
+def is_key_page(value: bytes) -> bool:
+    """Whether a value (one that :func:`verify` accepted) is a key page."""
+    return bool(value[11] & KEY_PAGE)

@@ -86,8 +86,11 @@ def _summary(times: list[float], nbytes: int) -> dict:
             "gb_per_s": nbytes / float(arr.mean()) / 1e9, "bytes": nbytes}
 
 
-def run_mooncake(seconds: float) -> dict:
-    """Master + holder + reader on loopback; the reader's figures."""
+def run_mooncake(seconds: float, chunks: int = CHUNKS, chunk_bytes: int = CHUNK_BYTES, *,
+                 calls: int = 5, times: bool = False) -> dict:
+    """Master + holder + reader on loopback; the reader's figures (``chunks`` objects of ``chunk_bytes``,
+    fetched back to back for ``seconds`` and at least ``calls`` + 1 times: the first call is not counted);
+    ``times``: with every counted call's seconds under ``"times"``."""
     master_bin = locate()
     rpc, meta, metrics, holder_port, reader_port = (free_port() for _ in range(5))
     metadata = f"http://127.0.0.1:{meta}/metadata"
@@ -106,22 +109,25 @@ def run_mooncake(seconds: float) -> dict:
         _wait_port(meta, procs[0], logs / "master.log")
         with open(logs / "holder.log", "w") as log:
             holder = subprocess.Popen(
-                [str(_python()), worker, "holder", master_addr, metadata, f"127.0.0.1:{holder_port}", str(CHUNKS),
-                 str(CHUNK_BYTES)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+                [str(_python()), worker, "holder", master_addr, metadata, f"127.0.0.1:{holder_port}", str(chunks),
+                 str(chunk_bytes)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
         procs.append(holder)
         line = holder.stdout.readline().strip()
         if line != "ready":
             raise PeerUnavailable(f"the Mooncake holder did not get ready ({line!r}; see {logs / 'holder.log'})")
         with open(logs / "reader.log", "w") as log:
             done = subprocess.run(
-                [str(_python()), worker, "reader", master_addr, metadata, f"127.0.0.1:{reader_port}", str(CHUNKS),
-                 str(CHUNK_BYTES), str(seconds)], stdout=subprocess.PIPE, stderr=log, text=True, timeout=300)
+                [str(_python()), worker, "reader", master_addr, metadata, f"127.0.0.1:{reader_port}", str(chunks),
+                 str(chunk_bytes), str(seconds), str(calls + 1)], stdout=subprocess.PIPE, stderr=log, text=True, timeout=300)
         if done.returncode:
             raise PeerUnavailable(f"the Mooncake reader failed (see {logs / 'reader.log'})")
         result = json.loads(done.stdout.strip().splitlines()[-1])
-        if result["chunks"] != CHUNKS or not result["intact"]:
+        if result["chunks"] != chunks or not result["intact"]:
             raise RuntimeError(f"Mooncake fetched {result['chunks']} chunks, intact={result['intact']}")
-        return _summary(result["times"][1:], result["bytes"])  # the first call sets up connections
+        summary = _summary(result["times"][1:], result["bytes"])  # the first call sets up connections
+        if times:
+            summary["times"] = result["times"][1:]
+        return summary
     finally:
         for proc in reversed(procs):
             if proc.poll() is None:

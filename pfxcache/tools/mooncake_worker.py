@@ -5,8 +5,8 @@ Imports only mooncake and numpy (pfxcache is not installed there). Two roles:
     python mooncake_worker.py holder MASTER METADATA HOST:PORT CHUNKS CHUNK_BYTES
         mounts a global segment, puts CHUNKS objects of CHUNK_BYTES under the chunk keys
         of the benchmark prompt, prints "ready", and holds them until stdin closes;
-    python mooncake_worker.py reader MASTER METADATA HOST:PORT CHUNKS CHUNK_BYTES SECONDS
-        repeats a worker's lookup for SECONDS: batch_is_exist over the prompt's chunk keys
+    python mooncake_worker.py reader MASTER METADATA HOST:PORT CHUNKS CHUNK_BYTES SECONDS [CALLS]
+        repeats a worker's lookup for SECONDS (and at least CALLS times, default 5): batch_is_exist over the prompt's chunk keys
         (the cached prefix is the leading run of keys that exist), then batch_get_into of
         those chunks into a registered page-aligned buffer; prints one JSON line with every
         call's seconds and what was fetched.
@@ -67,6 +67,7 @@ def main() -> None:
         store.close()
         return
     seconds = float(sys.argv[7])
+    calls = int(sys.argv[8]) if len(sys.argv) > 8 else 5
     store = connect(master, metadata, local, 0, total + (16 << 20))
     raw = np.zeros(total + 4096, np.uint8)
     buf = raw[-raw.ctypes.data % 4096 :][:total]
@@ -76,7 +77,7 @@ def main() -> None:
     sizes = [chunk_bytes] * chunks
     times, fetched = [], 0
     deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(times) < 5:
+    while time.perf_counter() < deadline or len(times) < calls:
         start = time.perf_counter()
         exists = store.batch_is_exist(keys)
         n = next((i for i, e in enumerate(exists) if e != 1), len(exists))
