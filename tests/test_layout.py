@@ -216,10 +216,12 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     D: (f"{D}.server", f"{D}.commands", f"{D}.service", *SIDE, *BELOW_SERVICE),
     "pfxcache.client": ("pfxcache.protocol", "pfxcache"),
     "pfxcache.testing": ("pfxcache.protocol", "pfxcache"),
+    # a Redis Cluster of redis-server processes, for tests and tools (on top of testing's launchers)
+    "pfxcache.testing_cluster": ("pfxcache.testing", "pfxcache.protocol", "pfxcache"),
 }
 # what a user runs: on top of all of it
 ALLOWED["pfxcache.tools"] = (*(layer for layer in ALLOWED if layer.startswith(D)), "pfxcache.client",
-                             "pfxcache.testing", "pfxcache.protocol", "pfxcache")
+                             "pfxcache.testing", "pfxcache.testing_cluster", "pfxcache.protocol", "pfxcache")
 #: What a layer (or one module of it) must not import besides: the store is synchronous, the protocol does no
 #: I/O, the prefix service speaks no RESP (its replies are built by the commands).
 FORBIDDEN = {f"{D}.store": ("trio",), f"{D}.tier": ("trio",), "pfxcache.protocol": ("trio", "socket"),

@@ -37,7 +37,7 @@ from pfxcache.daemon.service.remote_nodes import node_of
 from pfxcache.daemon.service.remote_writes import WRITTEN_MEMORY, remember
 from pfxcache.daemon.store.arguments import namespace_name, packed_tokens
 from pfxcache.daemon.store.errors import StoreError
-from pfxcache.daemon.store.idents import IDENT_BYTES, chain, namespace_ident
+from pfxcache.daemon.store.idents import IDENT_BYTES, chain, key_page_ident, namespace_ident
 from pfxcache.daemon.tier import remote_format
 
 MAX_FETCH_PAGES = 256
@@ -124,7 +124,7 @@ class ReadPath:
         keyed = self._keyed(name, ram)
         if keyed:
             parent = namespace_ident(name)
-            wanted = [remote_format.key_page_ident(name, tokens[i * P : (i + 1) * P]) for i in range(ram, npages)]
+            wanted = [key_page_ident(name, tokens[i * P : (i + 1) * P]) for i in range(ram, npages)]
         else:
             idents = chain(namespace_ident(name), tokens[: npages * P], P)
             parent = idents[(ram - 1) * IDENT_BYTES : ram * IDENT_BYTES] if ram else namespace_ident(name)
@@ -188,7 +188,7 @@ class ReadPath:
             first = remote_format.verify(values[0], name, wanted[0], parent, self.fingerprint, self.block_bytes)
             if first is not None and remote_format.is_key_page(values[0]):
                 P = self.page_bytes
-                got.idents = wanted = [wanted[0]] + [remote_format.key_page_ident(name, pages[i * P : (i + 1) * P])
+                got.idents = wanted = [wanted[0]] + [key_page_ident(name, pages[i * P : (i + 1) * P])
                                                      for i in range(1, len(wanted))]
                 values = [values[0]] + self._get_values(client, name, wanted[1:], got)
         for ident, value in zip(wanted, values):

@@ -8,7 +8,7 @@ Rules:
   ``SET``, ``EX remote-tier-ttl`` when not 0) from a worker thread. Pages written recently are
   remembered (``WRITTEN_MEMORY`` idents) and not sent again when they are evicted.
 * **Idents.** A token page's key is its chained ident (store/idents.py); a key page's (HASHES) is
-  :func:`remote_format.key_page_ident`, with the namespace's seed as parent and the header's
+  :func:`~pfxcache.daemon.store.idents.key_page_ident`, with the namespace's seed as parent and the header's
   ``KEY_PAGE`` flag, so that a run of key pages is found from any of its keys.
 * **Writing the queue out on demand** (``PFXTIER FLUSH``, :meth:`WriteQueue.drain`): the caller
   waits until the queue is empty and no batch is in flight, or its deadline; the reply says what
@@ -31,7 +31,7 @@ from typing import Any
 import trio
 
 from pfxcache.daemon.service.remote_nodes import node_of
-from pfxcache.daemon.store.idents import IDENT_BYTES, ident_before, namespace_ident, node_idents
+from pfxcache.daemon.store.idents import IDENT_BYTES, ident_before, key_page_ident, namespace_ident, node_idents
 from pfxcache.daemon.tier import remote_format
 
 log = logging.getLogger("pfxcached")
@@ -116,7 +116,7 @@ class WriteQueue:
         if node.tree.keys is not None:  # key pages: each its own start (module docstring)
             seed = namespace_ident(namespace)
             P = node.tree.page_bytes
-            return [(page, seed, remote_format.key_page_ident(namespace, node.key[page * P : (page + 1) * P]),
+            return [(page, seed, key_page_ident(namespace, node.key[page * P : (page + 1) * P]),
                      remote_format.KEY_PAGE) for page in range(lo, hi)]
         idents = node_idents(node)
         parent = ident_before(node, lo)

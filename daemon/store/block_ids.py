@@ -151,3 +151,18 @@ class BlockRun(BlockIds):
 
     __setitem__ = append = extend = insert = pop = remove = frombytes = fromlist = fromfile = _refuse
     fromunicode = byteswap = __iadd__ = __imul__ = _refuse
+
+
+class BlockPath(BlockIds):
+    """The block ids of a path from the root, in page order, joined from its nodes' arrays with
+    one copy per node.
+
+    ``nodes`` are the path's nodes, root side first, whose blocks it concatenates:
+    per-node work on the ids (the daemon's reply encoding) is then done once per
+    node and reused, instead of once per page and request. A slice is a plain BlockIds.
+    """
+
+    __slots__ = ("nodes",)
+
+    def __init__(self, *args) -> None:
+        self.nodes: list = []

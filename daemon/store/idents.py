@@ -77,3 +77,9 @@ def ident_before(node, page: int) -> bytes:
 def split_idents(packed: bytes) -> list[bytes]:
     """Packed idents as a list of 16-byte strings."""
     return [packed[i : i + IDENT_BYTES] for i in range(0, len(packed), IDENT_BYTES)]
+
+
+def key_page_ident(namespace: bytes, page: bytes) -> bytes:
+    """The ident of a key page (one page of packed key digest) in the shared tier: the one it would
+    have as its namespace's first page, wherever it sits in a run. Its parent is the namespace's seed."""
+    return page_ident(namespace_ident(namespace), page)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from array import array
 
-from .block_ids import BlockIds, BlockRun
+from .block_ids import BlockPath, BlockRun
 
 #: What an evicted node whose blocks were a run holds: a run never grows, so one empty one serves all.
 _NO_BLOCKS = BlockRun()
@@ -43,21 +43,6 @@ class Totals:
         # ticks, not seconds, so a replay in process and one through the daemon
         # see the same gaps.
         self.ticks = 0
-
-
-class BlockPath(BlockIds):
-    """The block ids of a path from the root, in page order, joined from its nodes' arrays with
-    one copy per node.
-
-    ``nodes`` are the path's nodes, root side first, whose blocks it concatenates:
-    per-node work on the ids (the daemon's reply encoding) is then done once per
-    node and reused, instead of once per page and request. A slice is a plain BlockIds.
-    """
-
-    __slots__ = ("nodes",)
-
-    def __init__(self, *args) -> None:
-        self.nodes: list = []
 
 
 class Node:

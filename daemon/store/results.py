@@ -5,6 +5,8 @@ from __future__ import annotations
 from array import array
 from typing import NamedTuple
 
+from .block_ids import BlockPath
+
 
 class MatchResult(NamedTuple):
     matched_tokens: int
@@ -34,8 +36,6 @@ class InsertResult:
     @property
     def blocks(self):
         if self._blocks is None:
-            from .radix import BlockPath
-
             nodes, arrays = self._path
             path = BlockPath()
             for ids in arrays:

@@ -20,7 +20,7 @@ Rules:
 * The namespace is in the key's ident *and* in the header, compared byte for byte: a tenant's
   pages are reachable only through its own namespace, whoever wrote them.
 * **Key pages** (HASHES, store/page_keys.py) stand for their whole prefix by themselves, so their
-  ident does not chain: :func:`key_page_ident` is the ident the page would have as the first page
+  ident does not chain: :func:`~pfxcache.daemon.store.idents.key_page_ident` is the ident the page would have as the first page
   of its namespace, and its parent is the namespace's seed. A run of key pages can then be found
   from any of its keys, as a daemon's own store finds it. The header's flags say which kind a
   value is (``KEY_PAGE``); :func:`is_key_page` reads it once the value verified, and a reader
@@ -43,7 +43,6 @@ import struct
 import zlib
 from hashlib import blake2b
 
-from pfxcache.daemon.store.idents import namespace_ident, page_ident
 from pfxcache.daemon.tier.format import CRC32C, PREFERRED_ALGORITHM, ZLIB_CRC32, checksum_function
 
 MAGIC = b"PFXRV001"
@@ -51,7 +50,7 @@ VERSION = 1
 KEY_PREFIX = b"pfx:v1:"
 IDENT_BYTES = 16
 MAX_NAMESPACE = 65535
-#: Header flag: the value is a key page (HASHES), whose ident is :func:`key_page_ident`.
+#: Header flag: the value is a key page (HASHES), whose ident is :func:`~pfxcache.daemon.store.idents.key_page_ident`.
 KEY_PAGE = 1
 
 _HEADER = struct.Struct("<8sHBBHH16s16s16sQI")
@@ -59,7 +58,7 @@ _CRC = struct.Struct("<I")
 HEADER_BYTES = _HEADER.size + _CRC.size
 
 __all__ = ["CRC32C", "HEADER_BYTES", "KEY_PAGE", "KEY_PREFIX", "ZLIB_CRC32", "encode", "is_key_page", "key_of",
-           "key_page_ident", "namespace_pattern", "namespace_tag", "verify"]
+           "namespace_pattern", "namespace_tag", "verify"]
 
 
 def namespace_tag(namespace: bytes) -> bytes:
@@ -75,12 +74,6 @@ def key_of(namespace: bytes, ident: bytes) -> bytes:
 def namespace_pattern(namespace: bytes) -> bytes:
     """A ``SCAN MATCH`` pattern of every key of ``namespace`` (glob-safe: hex digits only)."""
     return KEY_PREFIX + namespace_tag(namespace) + b":*"
-
-
-def key_page_ident(namespace: bytes, page: bytes) -> bytes:
-    """The ident of a key page (one page of packed key digest) in the shared tier: the one it would
-    have as its namespace's first page, wherever it sits in a run. Its parent is the namespace's seed."""
-    return page_ident(namespace_ident(namespace), page)
 
 
 def encode(namespace: bytes, ident: bytes, parent: bytes, fingerprint: bytes, payload: bytes | memoryview,
