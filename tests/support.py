@@ -6,8 +6,10 @@ benchmarks and tools share are in ``pfxcache.testing``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
+import struct
 import time
 
 from pfxcache.testing import encode_command
@@ -101,3 +103,29 @@ def wait_for(predicate, timeout: float, what: str):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)
+
+
+# -- token pages whose bytes name their prefix (the tier tests) -------------------------------------
+
+def prefix_pages(ns: str, tokens: list[int], page: int, block: int) -> bytes:
+    """The bytes of every whole page of ``tokens``: page i is a hash stream of ns and tokens[:end of page i],
+    so any bytes served can be checked against the prefix they were served for."""
+    out = []
+    for end in range(page, len(tokens) - len(tokens) % page + 1, page):
+        seed = ns.encode() + b"\0" + struct.pack(f"<{end}I", *tokens[:end])
+        out.append(hashlib.shake_256(seed).digest(block))
+    return b"".join(out)
+
+
+def store_prefix(r, ns: str, tokens: list[int], page: int, block: int) -> None:
+    """PFXSET DATA of :func:`prefix_pages`."""
+    r.execute_command("PFXSET", ns, "TOKENS", *tokens, "DATA", prefix_pages(ns, tokens, page, block))
+
+
+def fetch_checked(r, ns: str, tokens: list[int], page: int, block: int) -> int:
+    """Tokens matched; asserts the bytes served are the right ones."""
+    reply = r.execute_command("PFXGET", ns, "TOKENS", *tokens, "NOLEASE", "WITHDATA")
+    matched = reply[b"matched"]
+    data = reply.get(b"data", b"")
+    assert data == prefix_pages(ns, tokens[:matched], page, block), f"wrong bytes for {ns} {tokens[:matched]}"
+    return matched

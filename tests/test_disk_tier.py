@@ -9,11 +9,9 @@ answer can be checked after any crash without keeping a copy.
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 import random
 import signal
-import struct
 import threading
 import time
 
@@ -21,6 +19,8 @@ import pytest
 import redis
 
 from pfxcache.testing import start_daemon
+
+from support import fetch_checked, prefix_pages, store_prefix
 
 PAGE = 4  # tokens a page
 BLOCK = 4096  # bytes a page: one 4 KiB slot on disk
@@ -33,25 +33,16 @@ def args(path, *extra: str, tier: int = 4 << 20, blocks: int = ARENA_BLOCKS) -> 
 
 
 def payload(ns: str, tokens: list[int]) -> bytes:
-    """The bytes of every whole page of ``tokens``: page i is a hash stream of ns and tokens[:end of page i]."""
-    out = []
-    for end in range(PAGE, len(tokens) - len(tokens) % PAGE + 1, PAGE):
-        seed = ns.encode() + b"\0" + struct.pack(f"<{end}I", *tokens[:end])
-        out.append(hashlib.shake_256(seed).digest(BLOCK))
-    return b"".join(out)
+    return prefix_pages(ns, tokens, PAGE, BLOCK)
 
 
 def put(r: redis.Redis, ns: str, tokens: list[int]) -> None:
-    r.execute_command("PFXSET", ns, "TOKENS", *tokens, "DATA", payload(ns, tokens))
+    store_prefix(r, ns, tokens, PAGE, BLOCK)
 
 
 def get(r: redis.Redis, ns: str, tokens: list[int]) -> int:
     """Tokens matched; asserts the bytes served are the right ones."""
-    reply = r.execute_command("PFXGET", ns, "TOKENS", *tokens, "NOLEASE", "WITHDATA")
-    matched = reply[b"matched"]
-    data = reply.get(b"data", b"")
-    assert data == payload(ns, tokens[:matched]), f"wrong bytes for {ns} {tokens[:matched]}"
-    return matched
+    return fetch_checked(r, ns, tokens, PAGE, BLOCK)
 
 
 def tiers(r: redis.Redis) -> dict:

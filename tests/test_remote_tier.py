@@ -25,6 +25,7 @@ from pfxcache.daemon.tier import remote_format
 from pfxcache.testing import start_daemon
 
 from cluster_support import redis_cluster, wait_for
+from support import fetch_checked, prefix_pages, store_prefix
 
 PAGE = 4  # tokens a page
 BLOCK = 4096  # bytes a page
@@ -32,11 +33,7 @@ FP = b"f" * 16
 
 
 def payload(ns: str, tokens: list[int]) -> bytes:
-    out = []
-    for end in range(PAGE, len(tokens) - len(tokens) % PAGE + 1, PAGE):
-        seed = ns.encode() + b"\0" + struct.pack(f"<{end}I", *tokens[:end])
-        out.append(hashlib.shake_256(seed).digest(BLOCK))
-    return b"".join(out)
+    return prefix_pages(ns, tokens, PAGE, BLOCK)
 
 
 def idents(ns: str, tokens: list[int]) -> list[bytes]:
@@ -54,15 +51,12 @@ def prompts(count: int, pages: int, seed: int) -> list[list[int]]:
 
 
 def put(r: redis.Redis, ns: str, tokens: list[int]) -> None:
-    r.execute_command("PFXSET", ns, "TOKENS", *tokens, "DATA", payload(ns, tokens))
+    store_prefix(r, ns, tokens, PAGE, BLOCK)
 
 
 def get(r: redis.Redis, ns: str, tokens: list[int]) -> int:
     """Tokens matched; asserts the bytes served are the right ones."""
-    reply = r.execute_command("PFXGET", ns, "TOKENS", *tokens, "NOLEASE", "WITHDATA")
-    matched = reply[b"matched"]
-    assert reply.get(b"data", b"") == payload(ns, tokens[:matched]), f"wrong bytes for {ns}"
-    return matched
+    return fetch_checked(r, ns, tokens, PAGE, BLOCK)
 
 
 def tiers(r: redis.Redis) -> dict:

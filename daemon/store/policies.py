@@ -134,19 +134,9 @@ class HeapPolicy(Policy):
         return heap[0] if heap else None
 
     def peek(self, now: float):
-        """The node to evict next, or None; the node stays indexed (``_top``'s loops, inline: once per victim)."""
-        heap, run = self._heap, self._run
-        while heap:
-            entry = heap[0]
-            if entry[-2] == entry[-1].version:
-                break
-            heapq.heappop(heap)
-        while run:
-            entry = run[0]
-            if entry[-2] == entry[-1].version:
-                return heap[0][-1] if heap and heap[0] < entry else entry[-1]
-            run.popleft()
-        return heap[0][-1] if heap else None
+        """The node to evict next, or None; the node stays indexed."""
+        entry = self._top()
+        return None if entry is None else entry[-1]
 
     def _entries(self) -> list:
         return [e for part in (self._heap, self._run) for e in part if e[-2] == e[-1].version]
